@@ -1,0 +1,25 @@
+"""Validation: greedy accuracy of the generation engine on held-out problems."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posttrain.data.chat import encode_prompt
+from posttrain.data.types import MathProblem
+from posttrain.environments.math_verifier import math_reward
+from posttrain.models.generation.interfaces import Generation, SamplingParams
+
+
+def greedy_accuracy(generation: Generation, tokenizer: Any, problems: list[MathProblem],
+                    max_new_tokens: int) -> float:
+    """Fraction of ``problems`` whose greedy completion has the right final answer.
+
+    Raises:
+        ValueError: ``problems`` is empty (an accuracy over nothing would read as 0.0).
+    """
+    if not problems:
+        raise ValueError("greedy_accuracy needs at least one problem")
+    prompts = [encode_prompt(tokenizer, p.question) for p in problems]
+    out = generation.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
+    texts = tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
+    return sum(math_reward(t, p.answer) for t, p in zip(texts, problems)) / len(problems)

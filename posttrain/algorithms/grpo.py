@@ -1,0 +1,195 @@
+"""GRPO: Group Relative Policy Optimization (Shao et al., 2024, DeepSeekMath, arXiv:2402.03300).
+
+Each step samples ``completions_per_prompt`` (G) completions for each of
+``num_prompts_per_step`` (P) prompts, rewards them with the math verifier, turns rewards
+into group-relative advantages, and takes a clipped policy-gradient step with a k3 KL
+penalty towards the frozen reference policy. :func:`train` reads top to bottom:
+
+    generate -> reward -> advantages -> logprobs -> train -> refit -> validate -> log
+
+Notation: N = P * G rollouts per step, B rows kept for training, L completion window.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from posttrain.algorithms.advantages import compute_group_advantages, nonzero_variance_mask
+from posttrain.algorithms.evaluation import greedy_accuracy
+from posttrain.algorithms.loss_functions import ClippedPGLoss
+from posttrain.algorithms.runtime import Runtime, refit, setup_runtime
+from posttrain.config import (
+    CheckpointConfig, ClusterConfig, DataConfig, GenerationConfig, LoggerConfig, ModelConfig, PolicyConfig,
+    Section,
+)
+from posttrain.data.arithmetic import sample_prompts
+from posttrain.data.batch import TokenBatch, make_batch
+from posttrain.data.chat import encode_prompt
+from posttrain.data.datasets import load_problems
+from posttrain.data.types import MathProblem
+from posttrain.environments.math_verifier import math_reward
+from posttrain.models.generation.interfaces import SamplingParams
+from posttrain.ops import masked_mean
+from posttrain.utils.logger import MetricsLogger
+from posttrain.utils.memory import peak_rss_gib
+from posttrain.utils.timer import Timer
+
+
+class GRPOConfig(Section):
+    """The algorithm's own knobs."""
+
+    num_steps: int = Field(200, ge=1)
+    num_prompts_per_step: int = Field(16, ge=1)
+    completions_per_prompt: int = Field(8, ge=2, description="G, the group size")
+    advantage_estimator: Literal["grpo", "dr_grpo"] = "grpo"
+    drop_zero_variance_groups: bool = True
+    clip_eps: float = Field(0.2, gt=0)
+    kl_coef: float = Field(0.0, ge=0)
+    val_period: int = Field(50, ge=0, description="steps between validations; 0: only first and last")
+    seed: int = 0
+
+
+class GRPOMasterConfig(Section):
+    """Top-level schema of ``examples/configs/grpo_*.yaml``."""
+
+    grpo: GRPOConfig = GRPOConfig()
+    model: ModelConfig = ModelConfig()
+    policy: PolicyConfig = PolicyConfig()
+    generation: GenerationConfig = GenerationConfig()
+    data: DataConfig = DataConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    logger: LoggerConfig = LoggerConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+
+@dataclass
+class Rollouts:
+    """N = P * G sampled completions; the G completions of a prompt are contiguous."""
+
+    problems: list[MathProblem]
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    generation_logprobs: list[list[float]]
+    rewards: torch.Tensor  # [N] float32
+
+
+def generate_rollouts(rt: Runtime, problems: list[MathProblem], cfg: GRPOMasterConfig, step: int) -> Rollouts:
+    """Sample G completions per problem with the generation engine's current weights."""
+    g = cfg.grpo.completions_per_prompt
+    repeated = [p for p in problems for _ in range(g)]
+    prompt_ids = [encode_prompt(rt.tokenizer, p.question) for p in repeated]
+    gen = cfg.generation
+    params = SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
+                            top_k=gen.top_k, seed=cfg.grpo.seed * 100_003 + step)
+    out = rt.generation.generate(prompt_ids, params)
+    return Rollouts(repeated, prompt_ids, out.completion_ids, out.logprobs, torch.zeros(len(repeated)))
+
+
+def score_rollouts(rt: Runtime, rollouts: Rollouts) -> None:
+    """Fill ``rollouts.rewards`` with the verifier's 1.0 / 0.0 per completion."""
+    texts = rt.tokenizer.batch_decode(rollouts.completion_ids, skip_special_tokens=True)
+    rollouts.rewards = torch.tensor([math_reward(t, p.answer) for t, p in zip(texts, rollouts.problems)])
+
+
+def select_rows(rollouts: Rollouts, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages ``[N]``, bool keep ``[N]``): which rollouts carry a learning signal.
+
+    Groups with zero reward variance are dropped when configured; if that drops every
+    group the whole batch is kept (its advantages are all zero, only the KL term acts).
+    """
+    advantages = compute_group_advantages(rollouts.rewards, cfg.completions_per_prompt, cfg.advantage_estimator)
+    keep = torch.ones_like(rollouts.rewards, dtype=torch.bool)
+    if cfg.drop_zero_variance_groups:
+        varied = nonzero_variance_mask(rollouts.rewards, cfg.completions_per_prompt)
+        keep = varied if varied.any() else keep
+    return advantages, keep
+
+
+def to_train_batch(rollouts: Rollouts, keep: torch.Tensor, pad_id: int) -> tuple[TokenBatch, torch.Tensor]:
+    """The kept rollouts as a padded batch, and the engine's logprobs aligned to it ``[B, L]``."""
+    rows = keep.nonzero().squeeze(-1).tolist()
+    batch = make_batch([rollouts.prompt_ids[i] for i in rows], [rollouts.completion_ids[i] for i in rows], pad_id)
+    gen_logprobs = torch.zeros_like(batch.completion_mask)
+    for b, i in enumerate(rows):
+        n = int(batch.completion_lens[b])
+        gen_logprobs[b, :n] = torch.tensor(rollouts.generation_logprobs[i][:n])
+    return batch, gen_logprobs
+
+
+def rollout_metrics(rollouts: Rollouts, keep: torch.Tensor, cfg: GRPOConfig) -> dict[str, float]:
+    """Reward and sampling statistics of one step (before any row is dropped)."""
+    lengths = torch.tensor([len(c) for c in rollouts.completion_ids], dtype=torch.float32)
+    reward = rollouts.rewards.float()
+    return {
+        "train/reward_mean": reward.mean().item(),
+        "train/accuracy": (reward == 1.0).float().mean().item(),
+        "train/completion_length": lengths.mean().item(),
+        "train/fraction_groups_kept": keep.view(-1, cfg.completions_per_prompt)[:, 0].float().mean().item(),
+    }
+
+
+def token_mult_prob_error(gen_logprobs: torch.Tensor, train_logprobs: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean over tokens of ``exp(|logp_engine - logp_trainer|)``; 1.0 means they agree exactly.
+
+    Both sides must score the same weights (the engine was refit from this trainer state).
+    A value well above 1 means generation and training disagree: a broken refit, a
+    temperature mismatch, or misaligned logprobs.
+    """
+    return masked_mean(torch.exp((gen_logprobs - train_logprobs).abs()), mask).item()
+
+
+def validate(rt: Runtime, val: list[MathProblem], cfg: GRPOMasterConfig) -> dict[str, float]:
+    return {"val/accuracy": greedy_accuracy(rt.generation, rt.tokenizer, val, cfg.generation.max_new_tokens)}
+
+
+def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
+    """Run GRPO as configured; returns the logged metrics (also in ``<log_dir>/metrics.json``)."""
+    train_problems, val_problems = load_problems(cfg.data)
+    rt = setup_runtime(cfg.model, cfg.policy, cfg.generation, cfg.cluster, cfg.grpo.seed)
+    logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.print_period)
+    loss_fn = ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef)
+    rng = random.Random(cfg.grpo.seed)
+    timer = Timer()
+    try:
+        logger.log(validate(rt, val_problems, cfg), step=0)
+        for step in range(1, cfg.grpo.num_steps + 1):
+            start = time.perf_counter()
+            problems = sample_prompts(train_problems, cfg.grpo.num_prompts_per_step, rng)
+            with timer.time("generation"):
+                rollouts = generate_rollouts(rt, problems, cfg, step)
+            with timer.time("reward"):
+                score_rollouts(rt, rollouts)
+                advantages, keep = select_rows(rollouts, cfg.grpo)
+                batch, gen_logprobs = to_train_batch(rollouts, keep, rt.tokenizer.pad_token_id)
+            with timer.time("logprobs"):
+                old_logprobs = rt.policy.get_logprobs(batch)
+                ref_logprobs = rt.policy.get_logprobs(batch, reference=True)
+            with timer.time("train"):
+                extra = {"advantages": advantages[keep], "old_logprobs": old_logprobs, "ref_logprobs": ref_logprobs}
+                train_metrics = rt.policy.train(batch, extra, loss_fn)
+            with timer.time("refit"):
+                refit(rt.policy, rt.generation)
+            metrics = {f"train/{k}": v for k, v in train_metrics.items()}
+            metrics.update(rollout_metrics(rollouts, keep, cfg.grpo))
+            metrics["train/token_mult_prob_error"] = token_mult_prob_error(gen_logprobs, old_logprobs,
+                                                                           batch.completion_mask)
+            if (cfg.grpo.val_period and step % cfg.grpo.val_period == 0) or step == cfg.grpo.num_steps:
+                with timer.time("validation"):
+                    metrics.update(validate(rt, val_problems, cfg))
+            metrics.update(timer.pop())
+            metrics["timing/step"] = time.perf_counter() - start
+            metrics["memory/driver_peak_rss"] = peak_rss_gib()
+            metrics["memory/policy_peak_rss"] = rt.policy.peak_memory_gib()
+            logger.log(metrics, step)
+        if cfg.checkpoint.save_path:
+            rt.policy.save_checkpoint(cfg.checkpoint.save_path)
+    finally:
+        logger.close()
+        rt.shutdown()
+    return logger.metrics

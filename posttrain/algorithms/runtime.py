@@ -1,0 +1,77 @@
+"""What every algorithm sets up the same way: Ray, the virtual cluster, policy, generation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig
+from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
+from posttrain.errors import ConfigError
+from posttrain.models.generation.hf_generation import HfGeneration
+from posttrain.models.policy.lm_policy import Policy
+from posttrain.models.tiny import build_tiny_model
+
+
+@dataclass
+class Runtime:
+    """The live parts of a run. ``generation`` holds its own weights; :func:`refit` syncs them."""
+
+    model_path: str
+    tokenizer: Any
+    cluster: RayVirtualCluster
+    policy: Policy
+    generation: HfGeneration
+
+    def shutdown(self) -> None:
+        self.generation.shutdown()
+        self.policy.shutdown()
+        self.cluster.shutdown()
+
+
+def resolve_model_path(cfg: ModelConfig) -> str:
+    """``cfg.path`` when set (must be a Hugging Face directory), else the tiny model's build dir.
+
+    Raises:
+        ConfigError: ``cfg.path`` has no ``config.json``.
+    """
+    if cfg.path is None:
+        return str(build_tiny_model(cfg.tiny))
+    from pathlib import Path
+
+    if not (Path(cfg.path) / "config.json").is_file():
+        raise ConfigError(f"model.path '{cfg.path}' is not a Hugging Face model directory (no config.json)")
+    return cfg.path
+
+
+def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: GenerationConfig,
+                  cluster: ClusterConfig, seed: int) -> Runtime:
+    """Start Ray, reserve one bundle per worker, place the policy and generation workers.
+
+    The policy worker computes logprobs at the sampling temperature, so the engine's and
+    the trainer's logprobs of the same tokens are comparable.
+    """
+    from transformers import AutoTokenizer
+
+    model_path = resolve_model_path(model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    init_ray(address=cluster.address, num_cpus=cluster.num_cpus)
+    vc = RayVirtualCluster(1 + generation.num_workers, num_cpus=cluster.cpus_per_worker)
+    worker_cfg = {**policy.model_dump(), "temperature": generation.temperature}
+    pol = Policy(vc, model_path, worker_cfg, seed, bundle_index=0)
+    gen = HfGeneration(vc, model_path, list(range(1, 1 + generation.num_workers)), generation.num_threads)
+    return Runtime(model_path, tokenizer, vc, pol, gen)
+
+
+def refit(policy: Policy, generation: HfGeneration) -> None:
+    """Copy the policy's weights into the generation engine and check the versions agree.
+
+    Raises:
+        RuntimeError: the engine reports a different weight version than the trainer
+            (a refit that did not arrive: generation would sample from stale weights).
+    """
+    version = policy.weight_version
+    generation.update_weights(policy.get_weights(), version)
+    engine_version = generation.weight_version()
+    if engine_version != version:
+        raise RuntimeError(f"refit failed: generation engine at weight version {engine_version}, trainer at {version}")

@@ -1,0 +1,148 @@
+"""Configuration: YAML files + ``key.sub=value`` overrides, validated by pydantic schemas.
+
+Every section is a strict pydantic model (unknown keys are errors) and holds its defaults;
+nothing else in the library supplies a default for a config value. Algorithm-specific
+sections and the top-level schemas live next to their algorithm (``algorithms/grpo.py``,
+``algorithms/sft.py``); the sections shared by several algorithms live here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from posttrain.errors import ConfigError
+from posttrain.models.tiny import TinyModelConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are rejected, values are not coerced
+    silently beyond pydantic's standard (``"3"`` -> 3 is fine, ``"abc"`` -> int is not)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(Section):
+    """Which model to start from: a Hugging Face directory, or a tiny model built locally."""
+
+    path: str | None = None
+    tiny: TinyModelConfig = TinyModelConfig()
+
+
+class PolicyConfig(Section):
+    """Training side: optimizer and batching (rows are sequences)."""
+
+    lr: float = Field(3e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    train_global_batch_size: int = Field(64, ge=1, description="rows per optimizer step")
+    train_micro_batch_size: int = Field(64, ge=1, description="rows per forward/backward")
+    logprob_batch_size: int = Field(128, ge=1)
+    num_threads: int = Field(1, ge=1, description="torch CPU threads of the worker")
+
+    @model_validator(mode="after")
+    def _micro_fits_global(self) -> "PolicyConfig":
+        if self.train_global_batch_size % self.train_micro_batch_size:
+            raise ValueError(
+                f"train_global_batch_size ({self.train_global_batch_size}) must be a multiple of "
+                f"train_micro_batch_size ({self.train_micro_batch_size})"
+            )
+        return self
+
+
+class GenerationConfig(Section):
+    """Inference side: the engine and how it samples."""
+
+    backend: Literal["hf"] = "hf"
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(4, ge=1)
+    num_workers: int = Field(1, ge=1)
+    num_threads: int = Field(1, ge=1)
+
+
+class ArithmeticConfig(Section):
+    operand_digits: int = 2
+    operators: list[str] = ["+"]
+    num_val: int = 500
+    seed: int = 0
+
+
+class DataConfig(Section):
+    """Which problems to train and validate on."""
+
+    dataset: Literal["arithmetic", "gsm8k"] = "arithmetic"
+    arithmetic: ArithmeticConfig = ArithmeticConfig()
+    gsm8k_train_path: str = str(REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl")
+    gsm8k_val_path: str = str(REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl")
+    max_val: int | None = Field(None, ge=1, description="cap on validation problems")
+
+
+class ClusterConfig(Section):
+    """Ray: join ``address`` (or ``$RAY_ADDRESS``), else start a local cluster."""
+
+    address: str | None = None
+    num_cpus: int | None = Field(None, ge=1)
+    cpus_per_worker: float = Field(1.0, gt=0)
+
+
+class LoggerConfig(Section):
+    log_dir: str = "logs/run"
+    print_period: int = Field(10, ge=1, description="steps between console lines")
+
+
+class CheckpointConfig(Section):
+    save_path: str | None = Field(None, description="write the final model here (Hugging Face format)")
+
+
+S = TypeVar("S", bound=BaseModel)
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "<root>"
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key '{where}'"
+    return f"bad value for '{where}': {first['msg']} (got {first.get('input')!r})"
+
+
+def load_config(path: str | Path, overrides: list[str], schema: type[S]) -> S:
+    """Load a YAML config, apply ``key.sub=value`` overrides, validate with ``schema``.
+
+    Args:
+        path: YAML file.
+        overrides: command-line ``key.sub=value`` strings (OmegaConf dotlist syntax;
+            values are parsed as YAML scalars, so ``3`` is an int and ``[1,2]`` a list).
+        schema: the top-level pydantic model.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ConfigError: missing/unparsable file, a malformed override, an unknown key, or a
+            bad value (one line naming the key and the value).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"bad override '{item}': expected key.sub=value")
+    try:
+        merged = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(overrides))
+        raw = OmegaConf.to_container(merged, resolve=True)
+    except (OmegaConfBaseException, ValueError) as exc:  # yaml errors are ValueErrors too
+        raise ConfigError(f"cannot read config {path} with overrides {overrides}: {exc}".splitlines()[0]) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {path} must be a mapping at the top level")
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc)) from None

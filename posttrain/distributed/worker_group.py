@@ -1,0 +1,57 @@
+"""A group of identical Ray actors placed on bundles of a :class:`RayVirtualCluster`."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from posttrain.distributed.ray_cluster import RayVirtualCluster
+
+
+class RayWorkerGroup:
+    """One actor per bundle index; calls fan out to all workers and gather in order.
+
+    Args:
+        cluster: where to place the actors.
+        actor_cls: a ``ray.remote`` class (the thin wrapper around an ``*Impl`` class).
+        bundle_indices: which bundles of the cluster get a worker (default: all).
+        *args, **kwargs: constructor arguments, the same for every worker; the worker's
+            rank in the group is passed as the keyword ``rank``.
+    """
+
+    def __init__(self, cluster: RayVirtualCluster, actor_cls: Any, *args: Any,
+                 bundle_indices: Sequence[int] | None = None, **kwargs: Any):
+        indices = list(bundle_indices) if bundle_indices is not None else list(range(cluster.num_bundles))
+        self.workers = [
+            actor_cls.options(
+                num_cpus=cluster.bundle["CPU"],
+                num_gpus=cluster.bundle.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(cluster.placement_group, placement_group_bundle_index=i),
+            ).remote(*args, rank=rank, **kwargs)
+            for rank, i in enumerate(indices)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method`` with the same arguments on every worker; results in rank order."""
+        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+
+    def run_sharded(self, method: str, shards: Sequence[Any], **kwargs: Any) -> list[Any]:
+        """Call ``method(shards[rank], **kwargs)`` on worker ``rank``; results in rank order.
+
+        Raises:
+            ValueError: the number of shards differs from the number of workers.
+        """
+        if len(shards) != len(self.workers):
+            raise ValueError(f"{len(shards)} shards for {len(self.workers)} workers")
+        return ray.get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)])
+
+    def shutdown(self) -> None:
+        """Kill every worker (their reserved bundles stay with the cluster)."""
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []

@@ -1,0 +1,55 @@
+"""Driver-side Hugging Face generation: shards prompts over generation workers."""
+
+from __future__ import annotations
+
+import ray
+import torch
+
+from posttrain.distributed.ray_cluster import RayVirtualCluster
+from posttrain.distributed.worker_group import RayWorkerGroup
+from posttrain.models.generation.hf_generation_worker import HfGenerationWorker
+from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
+
+
+class HfGeneration:
+    """``Generation`` backed by ``transformers`` ``generate`` in Ray actors.
+
+    Args:
+        cluster: virtual cluster to place the workers on.
+        model_path: Hugging Face model directory (initial weights).
+        bundle_indices: one worker per listed bundle.
+        num_threads: torch CPU threads per worker.
+    """
+
+    def __init__(self, cluster: RayVirtualCluster, model_path: str, bundle_indices: list[int], num_threads: int = 1):
+        self.group = RayWorkerGroup(cluster, HfGenerationWorker, model_path, num_threads, bundle_indices=bundle_indices)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
+        """Split ``prompts`` into contiguous shards, one per worker, and gather in order."""
+        n = len(self.group)
+        bounds = [len(prompts) * r // n for r in range(n + 1)]
+        shards = [prompts[bounds[r]:bounds[r + 1]] for r in range(n)]
+        outs = [o for o in self.group.run_sharded("generate", shards, params=params)]
+        versions = {o.weight_version for o in outs}
+        if len(versions) != 1:
+            raise RuntimeError(f"generation workers disagree on the weight version: {sorted(versions)}")
+        return GenerationOutput(
+            completion_ids=[c for o in outs for c in o.completion_ids],
+            logprobs=[lp for o in outs for lp in o.logprobs],
+            weight_version=versions.pop(),
+        )
+
+    def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Refit: put the weights in the object store once, load them on every worker."""
+        ref = ray.put(weights)
+        self.group.run_all("update_weights", ref, version)
+
+    def weight_version(self) -> int:
+        """The engine's weight version (all workers must agree)."""
+        versions = set(self.group.run_all("weight_version"))
+        if len(versions) != 1:
+            raise RuntimeError(f"generation workers disagree on the weight version: {sorted(versions)}")
+        return versions.pop()
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
