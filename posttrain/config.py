@@ -47,7 +47,7 @@ class PolicyConfig(Section):
     num_threads: int = Field(1, ge=1, description="torch CPU threads of the worker")
 
     @model_validator(mode="after")
-    def _micro_fits_global(self) -> "PolicyConfig":
+    def _micro_fits_global(self) -> PolicyConfig:
         if self.train_global_batch_size % self.train_micro_batch_size:
             raise ValueError(
                 f"train_global_batch_size ({self.train_global_batch_size}) must be a multiple of "

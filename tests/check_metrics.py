@@ -58,9 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("metrics_json", help="path to the metrics JSON file")
     parser.add_argument("rules", nargs="+", help="rule expressions over `data`")
-    parser.add_argument(
-        "--json-report", metavar="PATH", help="also write results as JSON"
-    )
+    parser.add_argument("--json-report", metavar="PATH", help="also write results as JSON")
     args = parser.parse_args(argv)  # bad flags: argparse prints usage, exits 2
 
     try:
@@ -69,14 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     except (metric_rules.RuleError, metric_rules.MetricsFileError) as e:
         print(f"check_metrics.py: error: {e}", file=sys.stderr)
         return 2
-    results = [
-        metric_rules.evaluate_rule(data, rule, tree)
-        for rule, tree in zip(args.rules, trees)
-    ]
+    results = [metric_rules.evaluate_rule(data, rule, tree) for rule, tree in zip(args.rules, trees, strict=True)]
     Console(width=None if sys.stdout.isatty() else 200).print(build_table(results))
     if args.json_report:
         report = [r.to_json() for r in results]
         try:
+            Path(args.json_report).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json_report).write_text(json.dumps(report, indent=2) + "\n")
         except OSError as e:
             print(

@@ -58,9 +58,7 @@ def dump_tb_logs(log_dir: str | Path) -> dict[str, dict[str, float]]:
 
     files = find_event_files(log_dir)
     if not files:
-        raise FileNotFoundError(
-            f"no TensorBoard event files ({EVENT_FILE_GLOB}) under {log_dir}"
-        )
+        raise FileNotFoundError(f"no TensorBoard event files ({EVENT_FILE_GLOB}) under {log_dir}")
     events: list[tuple[float, int, int, str, int, float]] = []
     for file_index, path in enumerate(files):
         # size_guidance 0 keeps every scalar (the default reservoir samples 10,000).
@@ -73,10 +71,7 @@ def dump_tb_logs(log_dir: str | Path) -> dict[str, dict[str, float]]:
     merged: dict[str, dict[int, float]] = {}
     for _, _, _, tag, step, value in sorted(events, key=lambda e: e[:3]):
         merged.setdefault(tag, {})[step] = value
-    return {
-        tag: {str(step): merged[tag][step] for step in sorted(merged[tag])}
-        for tag in sorted(merged)
-    }
+    return {tag: {str(step): merged[tag][step] for step in sorted(merged[tag])} for tag in sorted(merged)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,9 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         written.
     """
     parser = argparse.ArgumentParser(description="Dump TensorBoard scalars to JSON.")
-    parser.add_argument(
-        "log_dir", help="TensorBoard log directory (searched recursively)"
-    )
+    parser.add_argument("log_dir", help="TensorBoard log directory (searched recursively)")
     parser.add_argument("--output", metavar="PATH", help="write here instead of stdout")
     args = parser.parse_args(argv)
     try:

@@ -22,4 +22,4 @@ def greedy_accuracy(generation: Generation, tokenizer: Any, problems: list[MathP
     prompts = [encode_prompt(tokenizer, p.question) for p in problems]
     out = generation.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
     texts = tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
-    return sum(math_reward(t, p.answer) for t, p in zip(texts, problems)) / len(problems)
+    return sum(math_reward(t, p.answer) for t, p in zip(texts, problems, strict=True)) / len(problems)

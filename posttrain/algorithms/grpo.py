@@ -25,7 +25,13 @@ from posttrain.algorithms.evaluation import greedy_accuracy
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.runtime import Runtime, refit, setup_runtime
 from posttrain.config import (
-    CheckpointConfig, ClusterConfig, DataConfig, GenerationConfig, LoggerConfig, ModelConfig, PolicyConfig,
+    CheckpointConfig,
+    ClusterConfig,
+    DataConfig,
+    GenerationConfig,
+    LoggerConfig,
+    ModelConfig,
+    PolicyConfig,
     Section,
 )
 from posttrain.data.arithmetic import sample_prompts
@@ -94,7 +100,7 @@ def generate_rollouts(rt: Runtime, problems: list[MathProblem], cfg: GRPOMasterC
 def score_rollouts(rt: Runtime, rollouts: Rollouts) -> None:
     """Fill ``rollouts.rewards`` with the verifier's 1.0 / 0.0 per completion."""
     texts = rt.tokenizer.batch_decode(rollouts.completion_ids, skip_special_tokens=True)
-    rollouts.rewards = torch.tensor([math_reward(t, p.answer) for t, p in zip(texts, rollouts.problems)])
+    rollouts.rewards = torch.tensor([math_reward(t, p.answer) for t, p in zip(texts, rollouts.problems, strict=True)])
 
 
 def select_rows(rollouts: Rollouts, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -51,7 +51,9 @@ class ClippedPGLoss:
     clip_eps: float = 0.2
     kl_coef: float = 0.0
 
-    def __call__(self, logprobs: torch.Tensor, data: dict[str, torch.Tensor], num_tokens: float) -> tuple[torch.Tensor, Metrics]:
+    def __call__(
+        self, logprobs: torch.Tensor, data: dict[str, torch.Tensor], num_tokens: float
+    ) -> tuple[torch.Tensor, Metrics]:
         """Loss of one micro-batch.
 
         Args:
@@ -88,7 +90,9 @@ class ClippedPGLoss:
 class NLLLoss:
     """Masked negative log-likelihood of the response tokens (SFT)."""
 
-    def __call__(self, logprobs: torch.Tensor, data: dict[str, torch.Tensor], num_tokens: float) -> tuple[torch.Tensor, Metrics]:
+    def __call__(
+        self, logprobs: torch.Tensor, data: dict[str, torch.Tensor], num_tokens: float
+    ) -> tuple[torch.Tensor, Metrics]:
         """Args as :meth:`ClippedPGLoss.__call__` (only ``completion_mask`` is read)."""
         loss = -masked_sum(logprobs, data["completion_mask"]) / num_tokens
         return loss, {"loss": loss.item()}

@@ -18,7 +18,13 @@ from posttrain.algorithms.evaluation import greedy_accuracy
 from posttrain.algorithms.loss_functions import NLLLoss
 from posttrain.algorithms.runtime import Runtime, refit, setup_runtime
 from posttrain.config import (
-    CheckpointConfig, ClusterConfig, DataConfig, GenerationConfig, LoggerConfig, ModelConfig, PolicyConfig,
+    CheckpointConfig,
+    ClusterConfig,
+    DataConfig,
+    GenerationConfig,
+    LoggerConfig,
+    ModelConfig,
+    PolicyConfig,
     Section,
 )
 from posttrain.data.arithmetic import sample_prompts

@@ -10,8 +10,8 @@ batches of similar length waste little padding).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -41,7 +41,7 @@ class TokenBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, index: torch.Tensor | slice) -> "TokenBatch":
+    def select(self, index: torch.Tensor | slice) -> TokenBatch:
         """Rows ``index`` of every field (a view for slices)."""
         return TokenBatch(*(getattr(self, f)[index] for f in self.__dataclass_fields__))
 
@@ -88,14 +88,14 @@ def make_batch(
             raise ValueError(f"{name} must be ascending positive sizes, got {list(b)}")
     max_seq = seq_len_buckets[-1]
     prompt_lens, completion_lens = [], []
-    for i, (p, c) in enumerate(zip(prompts, completions)):
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         if not p:
             raise ValueError(f"prompt {i} is empty")
         if len(p) >= max_seq:
             raise ValueError(f"prompt {i} has {len(p)} tokens; the largest sequence bucket is {max_seq}")
         prompt_lens.append(len(p))
         completion_lens.append(min(len(c), max_seq - len(p)))
-    seq_len = bucket(max(p + c for p, c in zip(prompt_lens, completion_lens)), seq_len_buckets)
+    seq_len = bucket(max(p + c for p, c in zip(prompt_lens, completion_lens, strict=True)), seq_len_buckets)
     longest = max(max(completion_lens), 1)
     # never narrower than the longest completion, even past the largest completion bucket
     completion_len = min(max(bucket(longest, completion_len_buckets), longest), seq_len)
@@ -104,7 +104,7 @@ def make_batch(
     input_ids = torch.full((batch_size, seq_len), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((batch_size, seq_len), dtype=torch.long)
     completion_mask = torch.zeros((batch_size, completion_len), dtype=torch.float32)
-    for i, (p, c) in enumerate(zip(prompts, completions)):
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         n_p, n_c = prompt_lens[i], completion_lens[i]
         input_ids[i, :n_p] = torch.as_tensor(list(p), dtype=torch.long)
         input_ids[i, n_p : n_p + n_c] = torch.as_tensor(list(c[:n_c]), dtype=torch.long)

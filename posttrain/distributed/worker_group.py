@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -28,7 +29,9 @@ class RayWorkerGroup:
             actor_cls.options(
                 num_cpus=cluster.bundle["CPU"],
                 num_gpus=cluster.bundle.get("GPU", 0),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(cluster.placement_group, placement_group_bundle_index=i),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    cluster.placement_group, placement_group_bundle_index=i
+                ),
             ).remote(*args, rank=rank, **kwargs)
             for rank, i in enumerate(indices)
         ]
@@ -48,7 +51,7 @@ class RayWorkerGroup:
         """
         if len(shards) != len(self.workers):
             raise ValueError(f"{len(shards)} shards for {len(self.workers)} workers")
-        return ray.get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)])
+        return ray.get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards, strict=True)])
 
     def shutdown(self) -> None:
         """Kill every worker (their reserved bundles stay with the cluster)."""

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from rich.console import Console
 
-
 # The metrics worth a glance on the console; everything goes to the files.
 CONSOLE_KEYS = ("train/loss", "train/reward_mean", "val/accuracy", "val/loss", "train/kl",
                 "train/grad_norm", "train/entropy", "timing/step")

@@ -14,14 +14,15 @@ run_job examples/run_grpo.py --config examples/configs/grpo_arithmetic.yaml \
 
 # val/accuracy is logged at step 0 (before any update) and at the last step.
 check_run "$WORK/logs" \
-  'mean(data["val/accuracy"], -1) - mean(data["val/accuracy"], 1, 2) >= 0.15' \
+  'mean(data["val/accuracy"], -1) - data["val/accuracy"]["0"] >= 0.15' \
   'mean(data["train/reward_mean"], -20) > mean(data["train/reward_mean"], 1, 21)' \
   'min(data["train/grad_norm"]) > 0' \
   'max(data["train/grad_norm"]) < 100' \
   'max(data["train/loss"]) - min(data["train/loss"]) > 0' \
   'max(data["train/loss"]) < 10' \
-  'min(data["train/probs_ratio_min"]) > 0.5' \
-  'max(data["train/probs_ratio_max"]) < 2.0' \
-  'mean(data["train/clip_fraction"]) < 0.2' \
+  'min(data["train/probs_ratio_min"]) > 0.05' \
+  'max(data["train/probs_ratio_max"]) < 20' \
+  'mean(data["train/clip_fraction"]) < 0.05' \
+  'max(data["train/clip_fraction"]) < 0.3' \
   'max(data["train/token_mult_prob_error"]) < 1.05' \
   'min(data["train/entropy"]) > 0'

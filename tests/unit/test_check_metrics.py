@@ -14,9 +14,9 @@ import pytest
 TESTS_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS_DIR))
 
-import check_metrics
-import metric_rules
-from metric_rules import (
+import check_metrics  # noqa: E402
+import metric_rules  # noqa: E402
+from metric_rules import (  # noqa: E402
     MetricsFileError,
     RuleError,
     RuleEvalError,
@@ -90,9 +90,7 @@ class TestMinMaxMedian:
 class TestRatioAbove:
     def test_counts_values_at_or_above_threshold(self):
         # NeMo-RL semantics: inclusive (>=). 3, 4, 5 of 1..5 -> 0.6
-        assert (
-            ratio_above({"1": 1.0, "2": 2.0, "3": 3.0, "4": 4.0, "5": 5.0}, 3.0) == 0.6
-        )
+        assert ratio_above({"1": 1.0, "2": 2.0, "3": 3.0, "4": 4.0, "5": 5.0}, 3.0) == 0.6
         assert ratio_above({"1": 1.0, "2": 2.0, "3": 2.0, "4": 3.0}, 2.0) == 0.75
 
     def test_none_and_all(self):
@@ -120,9 +118,7 @@ class TestMean:
         assert mean(ONE_TO_TEN, range_start=-10) == 5.5
 
     def test_negative_range_end(self):
-        assert (
-            mean(ONE_TO_TEN, 1, -2) == 4.5
-        )  # steps 1..8 (end = -2 + 10 + 1 = 9, exclusive)
+        assert mean(ONE_TO_TEN, 1, -2) == 4.5  # steps 1..8 (end = -2 + 10 + 1 = 9, exclusive)
 
     def test_resumed_run_starting_late(self):
         assert mean({"101": 1.0, "102": 2.0, "103": 3.0, "104": 4.0, "105": 5.0}) == 3.0
@@ -255,9 +251,7 @@ class TestEvaluateRule:
         assert not result.passed and "not True/False" in result.message
 
     def test_membership_and_bool_ops(self):
-        assert evaluate_rule(
-            DATA, '"3" in data["train/loss"] and "4" not in data["train/loss"]'
-        ).passed
+        assert evaluate_rule(DATA, '"3" in data["train/loss"] and "4" not in data["train/loss"]').passed
         assert evaluate_rule(DATA, 'len(data["train/loss"]) == 3 or 1 > 2').passed
         assert evaluate_rule(DATA, 'abs(-data["train/loss"]["1"]) == 0.93').passed
         assert evaluate_rule(DATA, 'round(data["train/loss"]["2"] * 10) == 8').passed
@@ -265,10 +259,13 @@ class TestEvaluateRule:
     def test_arithmetic(self):
         assert evaluate_rule(DATA, "(7 // 2) * 2 + 7 % 2 - 2 ** 3 / 4 == 5").passed
 
+    def test_power_is_float_so_huge_exponents_fail_fast(self):
+        # int ** would build a 5000-bit int here, and `10 ** 10 ** 10` would hang
+        result = evaluate_rule(DATA, "2 ** 5000 > 1")
+        assert not result.passed and "2 ** 5000" in result.message
+
     def test_exception_in_one_rule_does_not_stop_the_others(self):
-        results = check_rules(
-            DATA, ["1 / 0 > 1", 'mean(data["train/loss"], 50) > 0', "1 < 2"]
-        )
+        results = check_rules(DATA, ["1 / 0 > 1", 'mean(data["train/loss"], 50) > 0', "1 < 2"])
         assert [r.passed for r in results] == [False, False, True]
         assert "division by zero" in results[0].message
         assert "no steps in" in results[1].message
@@ -281,9 +278,7 @@ class TestEvaluateRule:
             "value": 0.93,
             "message": row["message"],
         }
-        inf_row = evaluate_rule(
-            DATA, "data['train/loss']['1'] * 1e308 * 10 > 0"
-        ).to_json()
+        inf_row = evaluate_rule(DATA, "data['train/loss']['1'] * 1e308 * 10 > 0").to_json()
         assert inf_row["status"] == "FAIL" and inf_row["value"] == "inf"
         json.dumps(inf_row, allow_nan=False)  # a report must stay valid JSON
 
@@ -410,17 +405,13 @@ class TestCLI:
         assert run_cli(str(metrics_file)).returncode == 2  # no rule
         assert run_cli(str(metrics_file), "1 < 2", "--no-such-flag").returncode == 2
 
-    @pytest.mark.parametrize(
-        "rule", ["data.keys()", "[x for x in data]", "lambda: 1", "open('f')"]
-    )
+    @pytest.mark.parametrize("rule", ["data.keys()", "[x for x in data]", "lambda: 1", "open('f')"])
     def test_main_rejects_disallowed_rules(self, metrics_file, capsys, rule):
         assert check_metrics.main([str(metrics_file), rule]) == 2
         assert repr(rule) in capsys.readouterr().err
 
     def test_main_nan_fails(self, metrics_file, capsys):
-        assert (
-            check_metrics.main([str(metrics_file), 'data["train/kl"]["3"] != 0']) == 1
-        )
+        assert check_metrics.main([str(metrics_file), 'data["train/kl"]["3"] != 0']) == 1
         out = capsys.readouterr().out
         assert "FAIL" in out and "nan" in out
 

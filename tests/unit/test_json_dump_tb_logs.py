@@ -13,9 +13,9 @@ import pytest
 TESTS_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS_DIR))
 
-import json_dump_tb_logs
-import metric_rules
-from json_dump_tb_logs import dump_tb_logs
+import json_dump_tb_logs  # noqa: E402
+import metric_rules  # noqa: E402
+from json_dump_tb_logs import dump_tb_logs  # noqa: E402
 
 SummaryWriter = pytest.importorskip("torch.utils.tensorboard").SummaryWriter
 CLI = TESTS_DIR / "json_dump_tb_logs.py"
@@ -33,8 +33,7 @@ def test_round_trip_nested_dirs_and_numeric_step_order(tmp_path):
     write_scalars(
         tmp_path / "exp" / "train",
         # logged out of order (10 first): the output is still sorted numerically
-        [("train/loss", 1.5, s, 1000.0 + i) for i, s in enumerate((10, 1, 2))]
-        + [("train/reward", 0.25, 2, 1002.0)],
+        [("train/loss", 1.5, s, 1000.0 + i) for i, s in enumerate((10, 1, 2))] + [("train/reward", 0.25, 2, 1002.0)],
     )
     write_scalars(tmp_path / "exp" / "val", [("val/accuracy", 0.5, 0, 999.0)])
 
@@ -63,9 +62,7 @@ def test_later_events_overwrite_earlier_ones(tmp_path):
         [("train/loss", v, s, 200.0 + s) for s, v in [(2, 0.55), (3, 0.45), (4, 0.4)]],
     )
     # the same step twice inside one file: the second one wins
-    write_scalars(
-        tmp_path / "other", [("train/kl", 0.1, 1, 300.0), ("train/kl", 0.2, 1, 301.0)]
-    )
+    write_scalars(tmp_path / "other", [("train/kl", 0.1, 1, 300.0), ("train/kl", 0.2, 1, 301.0)])
 
     metrics = dump_tb_logs(tmp_path)
 
@@ -76,9 +73,7 @@ def test_later_events_overwrite_earlier_ones(tmp_path):
 def test_keeps_every_scalar_beyond_the_default_reservoir(tmp_path):
     # EventAccumulator samples 10,000 scalars per tag unless told to keep them all.
     n = 10_050
-    write_scalars(
-        tmp_path, [("train/loss", float(s), s, float(s)) for s in range(1, n + 1)]
-    )
+    write_scalars(tmp_path, [("train/loss", float(s), s, float(s)) for s in range(1, n + 1)])
     series = dump_tb_logs(tmp_path)["train/loss"]
     assert len(series) == n and series["5000"] == 5000.0
 
@@ -95,9 +90,7 @@ def test_no_event_files_raises(tmp_path):
 
 
 def test_cli_output_file_feeds_check_metrics(tmp_path):
-    write_scalars(
-        tmp_path / "tb", [("train/loss", 1.0 / s, s, float(s)) for s in range(1, 6)]
-    )
+    write_scalars(tmp_path / "tb", [("train/loss", 1.0 / s, s, float(s)) for s in range(1, 6)])
     out = tmp_path / "out" / "metrics.json"
 
     proc = subprocess.run(
@@ -111,9 +104,7 @@ def test_cli_output_file_feeds_check_metrics(tmp_path):
     assert proc.returncode == 0, proc.stderr
     data = metric_rules.load_metrics(out)
     assert data["train/loss"]["4"] == 0.25
-    results = metric_rules.check_rules(
-        data, ['mean(data["train/loss"], -2) < mean(data["train/loss"], 1, 3)']
-    )
+    results = metric_rules.check_rules(data, ['mean(data["train/loss"], -2) < mean(data["train/loss"], 1, 3)'])
     assert results[0].passed
 
 

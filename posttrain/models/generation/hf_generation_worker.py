@@ -60,7 +60,7 @@ class HfGenerationWorkerImpl:
         logits = torch.stack(out.logits, dim=1).float() / temperature  # [B, T, V], raw (unprocessed)
         token_logprobs = torch.log_softmax(logits, -1).gather(-1, new_tokens[:, :, None]).squeeze(-1)
         completions, logprobs = [], []
-        for row, row_lp in zip(new_tokens.tolist(), token_logprobs.tolist()):
+        for row, row_lp in zip(new_tokens.tolist(), token_logprobs.tolist(), strict=True):
             end = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
             completions.append(row[:end])
             logprobs.append(row_lp[:end])

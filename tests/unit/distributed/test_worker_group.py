@@ -1,0 +1,38 @@
+"""RayVirtualCluster and RayWorkerGroup on a real local Ray cluster."""
+
+import pytest
+import ray
+
+from posttrain.distributed.ray_cluster import RayVirtualCluster
+from posttrain.distributed.worker_group import RayWorkerGroup
+from posttrain.errors import ConfigError
+
+
+@ray.remote
+class Echo:
+    def __init__(self, tag: str, rank: int):
+        self.tag, self.rank = tag, rank
+
+    def whoami(self) -> tuple[str, int]:
+        return self.tag, self.rank
+
+    def double(self, xs: list[int]) -> list[int]:
+        return [2 * x for x in xs]
+
+
+def test_worker_group_fans_out_in_rank_order(ray_cluster):
+    cluster = RayVirtualCluster(2, num_cpus=0.5)
+    group = RayWorkerGroup(cluster, Echo, "t")
+    try:
+        assert group.run_all("whoami") == [("t", 0), ("t", 1)]
+        assert group.run_sharded("double", [[1, 2], [3]]) == [[2, 4], [6]]
+        with pytest.raises(ValueError, match="3 shards for 2 workers"):
+            group.run_sharded("double", [[1], [2], [3]])
+    finally:
+        group.shutdown()
+        cluster.shutdown()
+
+
+def test_oversized_cluster_is_a_clear_error(ray_cluster):
+    with pytest.raises(ConfigError, match=r"needs 6 CPU \(3 bundles x 2\) but the Ray cluster has 2"):
+        RayVirtualCluster(3, num_cpus=2)
