@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from posttrain.data.chat import encode_prompt
+from posttrain.data.chat import ChatEncoder
 from posttrain.data.types import MathProblem
 from posttrain.environments.math_verifier import math_reward
 from posttrain.models.generation.interfaces import Generation, SamplingParams
 
 
-def greedy_accuracy(generation: Generation, tokenizer: Any, problems: list[MathProblem],
+def greedy_accuracy(generation: Generation, chat: ChatEncoder, problems: list[MathProblem],
                     max_new_tokens: int) -> float:
     """Fraction of ``problems`` whose greedy completion has the right final answer.
 
@@ -19,7 +17,7 @@ def greedy_accuracy(generation: Generation, tokenizer: Any, problems: list[MathP
     """
     if not problems:
         raise ValueError("greedy_accuracy needs at least one problem")
-    prompts = [encode_prompt(tokenizer, p.question) for p in problems]
+    prompts = [list(chat.prompt(p.question)) for p in problems]
     out = generation.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
-    texts = tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
+    texts = chat.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
     return sum(math_reward(t, p.answer) for t, p in zip(texts, problems, strict=True)) / len(problems)

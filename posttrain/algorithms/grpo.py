@@ -36,7 +36,6 @@ from posttrain.config import (
 )
 from posttrain.data.arithmetic import sample_prompts
 from posttrain.data.batch import TokenBatch, make_batch
-from posttrain.data.chat import encode_prompt
 from posttrain.data.datasets import load_problems
 from posttrain.data.types import MathProblem
 from posttrain.environments.math_verifier import math_reward
@@ -89,7 +88,7 @@ def generate_rollouts(rt: Runtime, problems: list[MathProblem], cfg: GRPOMasterC
     """Sample G completions per problem with the generation engine's current weights."""
     g = cfg.grpo.completions_per_prompt
     repeated = [p for p in problems for _ in range(g)]
-    prompt_ids = [encode_prompt(rt.tokenizer, p.question) for p in repeated]
+    prompt_ids = [list(rt.chat.prompt(p.question)) for p in repeated]
     gen = cfg.generation
     params = SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
                             top_k=gen.top_k, seed=cfg.grpo.seed * 100_003 + step)
@@ -151,7 +150,7 @@ def token_mult_prob_error(gen_logprobs: torch.Tensor, train_logprobs: torch.Tens
 
 
 def validate(rt: Runtime, val: list[MathProblem], cfg: GRPOMasterConfig) -> dict[str, float]:
-    return {"val/accuracy": greedy_accuracy(rt.generation, rt.tokenizer, val, cfg.generation.max_new_tokens)}
+    return {"val/accuracy": greedy_accuracy(rt.generation, rt.chat, val, cfg.generation.max_new_tokens)}
 
 
 def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:

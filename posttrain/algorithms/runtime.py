@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig
+from posttrain.data.chat import ChatEncoder
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
 from posttrain.errors import ConfigError
 from posttrain.models.generation.hf_generation import HfGeneration
@@ -22,6 +23,7 @@ class Runtime:
     cluster: RayVirtualCluster
     policy: Policy
     generation: HfGeneration
+    chat: ChatEncoder
 
     def shutdown(self) -> None:
         self.generation.shutdown()
@@ -60,7 +62,7 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     worker_cfg = {**policy.model_dump(), "temperature": generation.temperature}
     pol = Policy(vc, model_path, worker_cfg, seed, bundle_index=0)
     gen = HfGeneration(vc, model_path, list(range(1, 1 + generation.num_workers)), generation.num_threads)
-    return Runtime(model_path, tokenizer, vc, pol, gen)
+    return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer))
 
 
 def refit(policy: Policy, generation: HfGeneration) -> None:

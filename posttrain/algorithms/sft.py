@@ -29,7 +29,7 @@ from posttrain.config import (
 )
 from posttrain.data.arithmetic import sample_prompts
 from posttrain.data.batch import TokenBatch, make_batch
-from posttrain.data.chat import encode_sft_example
+from posttrain.data.chat import ChatEncoder
 from posttrain.data.datasets import load_problems
 from posttrain.data.types import MathProblem
 from posttrain.ops import masked_mean
@@ -61,10 +61,10 @@ class SFTMasterConfig(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
 
 
-def sft_batch(tokenizer, problems: list[MathProblem]) -> TokenBatch:
+def sft_batch(chat: ChatEncoder, problems: list[MathProblem]) -> TokenBatch:
     """Prompt = question, completion = reference solution + EOS (the trained tokens)."""
-    pairs = [encode_sft_example(tokenizer, p.question, p.solution) for p in problems]
-    return make_batch([p for p, _ in pairs], [c for _, c in pairs], tokenizer.pad_token_id)
+    pairs = [chat.sft_example(p.question, p.solution) for p in problems]
+    return make_batch([p for p, _ in pairs], [c for _, c in pairs], chat.tokenizer.pad_token_id)
 
 
 def validate(rt: Runtime, val_batch: TokenBatch, val: list[MathProblem], cfg: SFTMasterConfig) -> dict[str, float]:
@@ -73,7 +73,7 @@ def validate(rt: Runtime, val_batch: TokenBatch, val: list[MathProblem], cfg: SF
     metrics = {"val/loss": -masked_mean(logprobs, val_batch.completion_mask).item()}
     if cfg.sft.val_accuracy:
         refit(rt.policy, rt.generation)
-        metrics["val/accuracy"] = greedy_accuracy(rt.generation, rt.tokenizer, val, cfg.generation.max_new_tokens)
+        metrics["val/accuracy"] = greedy_accuracy(rt.generation, rt.chat, val, cfg.generation.max_new_tokens)
     return metrics
 
 
@@ -86,7 +86,7 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
     train_problems, val_problems = load_problems(cfg.data)
     rt = setup_runtime(cfg.model, cfg.policy, cfg.generation, cfg.cluster, cfg.sft.seed)
     logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.print_period)
-    val_batch = sft_batch(rt.tokenizer, val_problems[: cfg.sft.val_loss_size])
+    val_batch = sft_batch(rt.chat, val_problems[: cfg.sft.val_loss_size])
     rng = random.Random(cfg.sft.seed)
     torch.manual_seed(cfg.sft.seed)
     timer = Timer()
@@ -98,7 +98,7 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
                 break
             start = time.perf_counter()
             with timer.time("data"):
-                batch = sft_batch(rt.tokenizer, sample_prompts(train_problems, cfg.sft.batch_size, rng))
+                batch = sft_batch(rt.chat, sample_prompts(train_problems, cfg.sft.batch_size, rng))
             with timer.time("train"):
                 metrics = {f"train/{k}": v for k, v in rt.policy.train(batch, {}, NLLLoss()).items()}
             if (cfg.sft.val_period and step % cfg.sft.val_period == 0) or step == cfg.sft.num_steps:

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # GRPO on 2-digit addition from a short SFT warm start; the rules prove the run learned.
 #   uv run bash tests/functional/grpo.sh [key.sub=value ...]   (overrides go to run_grpo.py)
+#   SEED=1 uv run bash tests/functional/grpo.sh                 (seeds the model init, SFT and GRPO)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 functional_setup grpo
+SEED=${SEED:-0}
 
 # Warm start: SFT until held-out greedy accuracy is measurably non-zero but far from 1,
 # so GRPO groups have reward variance to learn from.
 run_job examples/run_sft.py --config examples/configs/sft_arithmetic.yaml \
-  sft.stop_at_val_accuracy=0.3 logger.log_dir="$WORK/sft_logs" checkpoint.save_path="$WORK/warm_start"
+  sft.stop_at_val_accuracy=0.3 sft.seed="$SEED" model.tiny.seed="$SEED" logger.log_dir="$WORK/sft_logs" checkpoint.save_path="$WORK/warm_start"
 
 run_job examples/run_grpo.py --config examples/configs/grpo_arithmetic.yaml \
-  model.path="$WORK/warm_start" logger.log_dir="$WORK/logs" "$@"
+  model.path="$WORK/warm_start" grpo.seed="$SEED" logger.log_dir="$WORK/logs" "$@"
 
 # val/accuracy is logged at step 0 (before any update) and at the last step.
 check_run "$WORK/logs" \

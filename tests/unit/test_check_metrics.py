@@ -9,14 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import check_metrics
+import metric_rules
 import pytest
-
-TESTS_DIR = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS_DIR))
-
-import check_metrics  # noqa: E402
-import metric_rules  # noqa: E402
-from metric_rules import (  # noqa: E402
+from metric_rules import (
     MetricsFileError,
     RuleError,
     RuleEvalError,
@@ -28,6 +24,9 @@ from metric_rules import (  # noqa: E402
     median,
     ratio_above,
 )
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
+
 
 CLI = TESTS_DIR / "check_metrics.py"
 ONE_TO_TEN = {str(i): float(i) for i in range(1, 11)}

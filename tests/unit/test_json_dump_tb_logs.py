@@ -8,16 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import json_dump_tb_logs
+import metric_rules
 import pytest
+from json_dump_tb_logs import dump_tb_logs
+from torch.utils.tensorboard import SummaryWriter
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS_DIR))
 
-import json_dump_tb_logs  # noqa: E402
-import metric_rules  # noqa: E402
-from json_dump_tb_logs import dump_tb_logs  # noqa: E402
 
-SummaryWriter = pytest.importorskip("torch.utils.tensorboard").SummaryWriter
+
 CLI = TESTS_DIR / "json_dump_tb_logs.py"
 
 

@@ -7,7 +7,6 @@ from posttrain.algorithms.loss_functions import NLLLoss
 from posttrain.algorithms.runtime import refit, setup_runtime
 from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig
 from posttrain.data.batch import make_batch
-from posttrain.data.chat import encode_prompt, encode_sft_example
 from posttrain.models.generation.interfaces import SamplingParams
 
 
@@ -20,7 +19,7 @@ def runtime(ray_cluster, tiny_model_path):
 
 
 def _train_once(rt, answer: str = "77"):
-    pairs = [encode_sft_example(rt.tokenizer, f"{a}+1=", answer) for a in range(16)]
+    pairs = [rt.chat.sft_example(f"{a}+1=", answer) for a in range(16)]
     batch = make_batch([p for p, _ in pairs], [c for _, c in pairs], rt.tokenizer.pad_token_id)
     return rt.policy.train(batch, {}, NLLLoss())
 
@@ -31,9 +30,11 @@ def _greedy(rt, prompts):
 
 def test_refit_changes_generation_and_versions_agree(runtime):
     rt = runtime
-    prompts = [encode_prompt(rt.tokenizer, f"{a}+1=") for a in range(4)]
+    prompts = [list(rt.chat.prompt(f"{a}+1=")) for a in range(4)]
     before = _greedy(rt, prompts)
-    for steps in range(1, 61):  # memorize "77" (a few dozen steps)
+    steps = 0
+    while steps < 60:  # memorize "77" (takes a few dozen steps)
+        steps += 1
         metrics = _train_once(rt)
         if metrics["loss"] < 0.05:
             break
@@ -50,7 +51,7 @@ def test_refit_changes_generation_and_versions_agree(runtime):
 def test_engine_logprobs_match_trainer_after_refit_and_not_before(runtime):
     rt = runtime
     refit(rt.policy, rt.generation)
-    prompts = [encode_prompt(rt.tokenizer, f"{a}+2=") for a in range(8)]
+    prompts = [list(rt.chat.prompt(f"{a}+2=")) for a in range(8)]
     out = rt.generation.generate(prompts, SamplingParams(max_new_tokens=4, seed=1))
     batch = make_batch(prompts, out.completion_ids, rt.tokenizer.pad_token_id)
     engine = torch.zeros_like(batch.completion_mask)
