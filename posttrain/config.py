@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, TypeVar
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -22,10 +23,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 class Section(BaseModel):
-    """Base of every config section: unknown keys are rejected, values are not coerced
-    silently beyond pydantic's standard (``"3"`` -> 3 is fine, ``"abc"`` -> int is not)."""
+    """Base of every config section: unknown keys are rejected and values are not coerced
+    (strict mode: ``true`` is not an int, ``"3"`` is not a number; YAML and the command line
+    already give typed scalars, and an int is accepted where a float is expected)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ModelConfig(Section):
@@ -138,7 +140,8 @@ def load_config(path: str | Path, overrides: list[str], schema: type[S]) -> S:
     try:
         merged = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(overrides))
         raw = OmegaConf.to_container(merged, resolve=True)
-    except (OmegaConfBaseException, ValueError) as exc:  # yaml errors are ValueErrors too
+    except (OmegaConfBaseException, yaml.YAMLError, ValueError, TypeError, OSError) as exc:
+        # YAML syntax errors, a top level that is a list or a scalar, an unparsable override
         raise ConfigError(f"cannot read config {path} with overrides {overrides}: {exc}".splitlines()[0]) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path} must be a mapping at the top level")

@@ -68,10 +68,13 @@ class ClippedPGLoss:
         """
         mask = data["completion_mask"]
         advantages = data["advantages"][:, None]  # [B, 1]
-        ratio = torch.exp(logprobs - data["old_logprobs"])  # [B, L]
+        # Zero the log-ratio under the mask *before* exp: a padding token with a huge
+        # log-ratio would give exp -> inf and 0 * inf = NaN in the backward pass.
+        log_ratio = torch.where(mask > 0, logprobs - data["old_logprobs"], torch.zeros_like(logprobs))
+        ratio = torch.exp(log_ratio)  # [B, L]
         clipped = ratio.clamp(1.0 - self.clip_eps, 1.0 + self.clip_eps)
         pg = -torch.minimum(ratio * advantages, clipped * advantages)
-        kl = kl_k3(logprobs, data["ref_logprobs"])
+        kl = kl_k3(logprobs, torch.where(mask > 0, data["ref_logprobs"], logprobs.detach()))
         loss = masked_sum(pg + self.kl_coef * kl, mask) / num_tokens
         with torch.no_grad():
             is_clipped = ((ratio * advantages) > (clipped * advantages)).float()

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from posttrain.ops import compute_entropy, compute_logprobs, completion_logits, masked_mean, masked_sum
+from posttrain.ops import completion_logits, compute_entropy, compute_logprobs, masked_mean, masked_sum
 
 
 def _random_case(batch: int = 3, seq: int = 10, vocab: int = 7, seed: int = 0):
@@ -180,7 +180,8 @@ def test_typical_grpo_shape_runs_and_has_gradients() -> None:
     got = compute_logprobs(logits, input_ids, prompt_lens, completion_len)
     assert got.shape == (batch, completion_len)
     assert torch.isfinite(got).all() and (got <= 0).all()
-    torch.testing.assert_close(got.detach(), _reference_logprobs(logits.detach(), input_ids, prompt_lens, completion_len))
+    expected = _reference_logprobs(logits.detach(), input_ids, prompt_lens, completion_len)
+    torch.testing.assert_close(got.detach(), expected)
     got.sum().backward()
     # gradient reaches exactly the predicting positions of each row
     touched = logits.grad.abs().sum(-1) > 0  # [B, S]

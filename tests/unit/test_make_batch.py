@@ -18,7 +18,7 @@ COMP_BUCKETS = (2, 4, 8)
 def _expected(prompts, completions, seq_len, completion_len, pad_id=PAD):
     """Hand-built input_ids / attention_mask / completion_mask for unclamped rows."""
     ids, attn, comp = [], [], []
-    for p, c in zip(prompts, completions):
+    for p, c in zip(prompts, completions, strict=True):
         row = list(p) + list(c)
         ids.append(row + [pad_id] * (seq_len - len(row)))
         attn.append([1] * len(row) + [0] * (seq_len - len(row)))
