@@ -42,6 +42,8 @@ class PolicyConfig(Section):
 
     lr: float = Field(3e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
+    betas: list[float] = Field([0.9, 0.999], min_length=2, max_length=2, description="AdamW (beta1, beta2)")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear lr warmup from lr/warmup_steps")
     max_grad_norm: float = Field(1.0, gt=0)
     train_global_batch_size: int = Field(64, ge=1, description="rows per optimizer step")
     train_micro_batch_size: int = Field(64, ge=1, description="rows per forward/backward")

@@ -61,7 +61,11 @@ class HfPolicyWorkerImpl:
         # The KL penalty is measured against the policy as it was at the start of training.
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"], betas=(0.9, 0.999)
+            self.model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"], betas=tuple(cfg["betas"])
+        )
+        warmup = cfg["warmup_steps"]
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
         self.weight_version = 0
 
@@ -99,6 +103,7 @@ class HfPolicyWorkerImpl:
             weights stay as they were) and counted in ``skipped_optimizer_steps``.
         """
         gbs, mbs = self.cfg["train_global_batch_size"], self.cfg["train_micro_batch_size"]
+        lr = self.scheduler.get_last_lr()[0]  # the lr of this call's first optimizer step
         steps: list[Metrics] = []
         skipped = 0
         for g_start in range(0, len(batch), gbs):
@@ -122,6 +127,7 @@ class HfPolicyWorkerImpl:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg["max_grad_norm"]).item()
             if math.isfinite(grad_norm):
                 self.optimizer.step()
+                self.scheduler.step()
             else:
                 skipped += 1
             step_metrics["grad_norm"] = grad_norm
@@ -129,7 +135,7 @@ class HfPolicyWorkerImpl:
         self.weight_version += 1
         out = {k: (min if k.endswith("_min") else max if k.endswith("_max") else _mean)([s[k] for s in steps])
                for k in steps[0]}
-        out.update(lr=self.optimizer.param_groups[0]["lr"], num_optimizer_steps=float(len(steps)),
+        out.update(lr=lr, num_optimizer_steps=float(len(steps)),
                    skipped_optimizer_steps=float(skipped))
         return out
 
@@ -149,8 +155,8 @@ class HfPolicyWorkerImpl:
                 from transformers import AutoTokenizer
 
                 AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(tmp)
-            torch.save({"optimizer": self.optimizer.state_dict(), "weight_version": self.weight_version},
-                       tmp / "trainer_state.pt")
+            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                        "weight_version": self.weight_version}, tmp / "trainer_state.pt")
 
     def load_checkpoint(self, path: str) -> None:
         """Restore model weights, optimizer state and weight version from ``save_checkpoint``."""
@@ -160,6 +166,7 @@ class HfPolicyWorkerImpl:
         self.model.load_state_dict(loaded.state_dict())
         state = torch.load(Path(path) / "trainer_state.pt", weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
         self.weight_version = state["weight_version"]
 
     def peak_memory_gib(self) -> float:
