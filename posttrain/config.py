@@ -106,6 +106,18 @@ class CheckpointConfig(Section):
     save_path: str | None = Field(None, description="write the final model here (Hugging Face format)")
 
 
+class RunConfig(Section):
+    """The sections every algorithm's top-level config has; an algorithm adds its own."""
+
+    model: ModelConfig = ModelConfig()
+    policy: PolicyConfig = PolicyConfig()
+    generation: GenerationConfig = GenerationConfig()
+    data: DataConfig = DataConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    logger: LoggerConfig = LoggerConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+
 S = TypeVar("S", bound=BaseModel)
 
 

@@ -24,16 +24,7 @@ from posttrain.algorithms.advantages import compute_group_advantages, nonzero_va
 from posttrain.algorithms.evaluation import greedy_accuracy
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.runtime import Runtime, refit, setup_runtime
-from posttrain.config import (
-    CheckpointConfig,
-    ClusterConfig,
-    DataConfig,
-    GenerationConfig,
-    LoggerConfig,
-    ModelConfig,
-    PolicyConfig,
-    Section,
-)
+from posttrain.config import RunConfig, Section
 from posttrain.data.arithmetic import sample_prompts
 from posttrain.data.batch import TokenBatch, make_batch
 from posttrain.data.datasets import load_problems
@@ -42,7 +33,6 @@ from posttrain.environments.math_verifier import math_reward
 from posttrain.models.generation.interfaces import SamplingParams
 from posttrain.ops import masked_mean
 from posttrain.utils.logger import MetricsLogger
-from posttrain.utils.memory import peak_rss_gib
 from posttrain.utils.timer import Timer
 
 
@@ -60,17 +50,10 @@ class GRPOConfig(Section):
     seed: int = 0
 
 
-class GRPOMasterConfig(Section):
+class GRPOMasterConfig(RunConfig):
     """Top-level schema of ``examples/configs/grpo_*.yaml``."""
 
     grpo: GRPOConfig = GRPOConfig()
-    model: ModelConfig = ModelConfig()
-    policy: PolicyConfig = PolicyConfig()
-    generation: GenerationConfig = GenerationConfig()
-    data: DataConfig = DataConfig()
-    cluster: ClusterConfig = ClusterConfig()
-    logger: LoggerConfig = LoggerConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
 
 
 @dataclass
@@ -187,10 +170,7 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
             if (cfg.grpo.val_period and step % cfg.grpo.val_period == 0) or step == cfg.grpo.num_steps:
                 with timer.time("validation"):
                     metrics.update(validate(rt, val_problems, cfg))
-            metrics.update(timer.pop())
-            metrics["timing/step"] = time.perf_counter() - start
-            metrics["memory/driver_peak_rss"] = peak_rss_gib()
-            metrics["memory/policy_peak_rss"] = rt.policy.peak_memory_gib()
+            metrics.update(rt.resource_metrics(timer, start))
             logger.log(metrics, step)
         if cfg.checkpoint.save_path:
             rt.policy.save_checkpoint(cfg.checkpoint.save_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,8 @@ from posttrain.errors import ConfigError
 from posttrain.models.generation.hf_generation import HfGeneration
 from posttrain.models.policy.lm_policy import Policy
 from posttrain.models.tiny import build_tiny_model
+from posttrain.utils.memory import peak_rss_gib
+from posttrain.utils.timer import Timer
 
 
 @dataclass
@@ -24,6 +27,15 @@ class Runtime:
     policy: Policy
     generation: HfGeneration
     chat: ChatEncoder
+
+    def resource_metrics(self, timer: Timer, step_start: float) -> dict[str, float]:
+        """``timing/<phase>`` and ``timing/step`` (s, since ``step_start``, a ``perf_counter``
+        reading) and ``memory/<process>_peak_rss`` (GiB) of the driver and the policy worker."""
+        metrics = timer.pop()
+        metrics["timing/step"] = time.perf_counter() - step_start
+        metrics["memory/driver_peak_rss"] = peak_rss_gib()
+        metrics["memory/policy_peak_rss"] = self.policy.peak_memory_gib()
+        return metrics
 
     def shutdown(self) -> None:
         self.generation.shutdown()

@@ -17,16 +17,7 @@ from pydantic import Field
 from posttrain.algorithms.evaluation import greedy_accuracy
 from posttrain.algorithms.loss_functions import NLLLoss
 from posttrain.algorithms.runtime import Runtime, refit, setup_runtime
-from posttrain.config import (
-    CheckpointConfig,
-    ClusterConfig,
-    DataConfig,
-    GenerationConfig,
-    LoggerConfig,
-    ModelConfig,
-    PolicyConfig,
-    Section,
-)
+from posttrain.config import RunConfig, Section
 from posttrain.data.arithmetic import sample_prompts
 from posttrain.data.batch import TokenBatch, make_batch
 from posttrain.data.chat import ChatEncoder
@@ -34,7 +25,6 @@ from posttrain.data.datasets import load_problems
 from posttrain.data.types import MathProblem
 from posttrain.ops import masked_mean
 from posttrain.utils.logger import MetricsLogger
-from posttrain.utils.memory import peak_rss_gib
 from posttrain.utils.timer import Timer
 
 
@@ -48,17 +38,10 @@ class SFTConfig(Section):
     seed: int = 0
 
 
-class SFTMasterConfig(Section):
+class SFTMasterConfig(RunConfig):
     """Top-level schema of ``examples/configs/sft_*.yaml``."""
 
     sft: SFTConfig = SFTConfig()
-    model: ModelConfig = ModelConfig()
-    policy: PolicyConfig = PolicyConfig()
-    generation: GenerationConfig = GenerationConfig()
-    data: DataConfig = DataConfig()
-    cluster: ClusterConfig = ClusterConfig()
-    logger: LoggerConfig = LoggerConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
 
 
 def sft_batch(chat: ChatEncoder, problems: list[MathProblem]) -> TokenBatch:
@@ -104,10 +87,7 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
             if (cfg.sft.val_period and step % cfg.sft.val_period == 0) or step == cfg.sft.num_steps:
                 with timer.time("validation"):
                     metrics.update(validate(rt, val_batch, val_problems, cfg))
-            metrics.update(timer.pop())
-            metrics["timing/step"] = time.perf_counter() - start
-            metrics["memory/driver_peak_rss"] = peak_rss_gib()
-            metrics["memory/policy_peak_rss"] = rt.policy.peak_memory_gib()
+            metrics.update(rt.resource_metrics(timer, start))
             logger.log(metrics, step)
         if cfg.checkpoint.save_path:
             rt.policy.save_checkpoint(cfg.checkpoint.save_path)
