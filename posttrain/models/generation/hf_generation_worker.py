@@ -43,6 +43,8 @@ class HfGenerationWorkerImpl:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         """Sample one completion per prompt; see :class:`posttrain.models.generation.interfaces.Generation`."""
         self.calls += 1
+        if not prompts:  # a data-parallel shard can be empty when prompts < workers
+            return GenerationOutput([], [], self.version)
         torch.manual_seed(params.seed * 1_000_003 + self.calls * 101 + self.rank)
         ids, mask = self._left_pad(prompts)
         sampling: dict[str, Any] = (
