@@ -1,278 +1,80 @@
 """Metric rule engine: check rules such as ``max(data["train/grad_norm"]) < 10``.
 
-Metrics files map metric -> step (string of an int; training from 1, the eval before
-training at 0) -> value, or metric -> plain number. Rules are never ``eval``'d: each is
-parsed with ``ast.parse(rule, mode="eval")``, checked against a whitelist
-(:func:`compile_rule`) and walked by a small interpreter (:func:`evaluate_rule`).
-Helper semantics follow NeMo-RL's ``tests/check_metrics.py``.
+Metrics map metric -> step (string of an int; training from 1, the eval before training
+at 0) -> value, or metric -> plain number. Rules are never ``eval``'d: each is parsed and
+checked against a whitelist (``rule_compile.compile_rule``, re-exported here) and walked
+by a small interpreter (:func:`evaluate`), which also records what the rule read
+(for the vacuity and completeness checks) and the links of its top-level comparison (for
+margins). Helper semantics follow NeMo-RL's ``tests/check_metrics.py`` (``rule_helpers``).
 """
 
 from __future__ import annotations
 
 import ast
-import builtins
 import difflib
-import inspect
-import json
 import math
-import operator
-import statistics
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
+from rule_compile import BIN_OPS, CMP_OPS, compile_rule
+from rule_errors import FinitenessCheckFailed, MetricsFileError, NonFiniteError, RuleError, RuleEvalError
+from rule_helpers import HELPERS, max, mean, median, min, ratio_above  # noqa: F401  (the public helpers)
+from rule_loading import load_metrics, load_tb_dir  # noqa: F401
+from rule_margins import Link, binding_margin
+from rule_series import Series, as_series, is_number
 
-class RuleError(ValueError):
-    """A rule that cannot run: bad syntax or a construct outside the whitelist."""
+__all__ = [
+    "HELPERS", "CheckResult", "Evaluation", "MetricsFileError", "RuleError", "RuleEvalError",
+    "check_rules", "compile_rule", "evaluate", "evaluate_rule", "format_value", "load_metrics",
+    "load_tb_dir", "max", "mean", "median", "min", "ratio_above",
+]  # fmt: skip
 
+# --------------------------------------------------------------------------- results
 
-class MetricsFileError(ValueError):
-    """A metrics file that cannot be read or does not have the expected shape."""
-
-
-class RuleEvalError(Exception):
-    """A rule that ran but cannot pass: missing metric/step, NaN/inf, bad math."""
-
-
-# ------------------------------------------------------------------------------ helpers
-
-
-def _finite(x: Any, where: str) -> float:
-    """``x`` as a float; TypeError if not a number, RuleEvalError if NaN/inf."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise TypeError(f"{where} is {x!r} ({type(x).__name__}), not a number")
-    if not math.isfinite(x):
-        raise RuleEvalError(f"{where} is {x}; non-finite values never pass")
-    return float(x)
-
-
-def _step_values(values: Any) -> dict[int, float]:
-    """A step dict / list / plain number as ``{step: value}``, sorted by step.
-
-    A list is numbered from step 1; a plain number is one value at step 1.
-    """
-    if isinstance(values, dict):
-        items = [(int(step), v) for step, v in values.items()]
-    elif isinstance(values, (list, tuple)):
-        items = list(enumerate(values, start=1))
-    else:
-        items = [(1, values)]
-    return {step: _finite(v, f"step '{step}'") for step, v in sorted(items)}
-
-
-def _values(args: tuple[Any, ...]) -> list[float]:
-    """Values of one step dict / list / number, or of several numbers."""
-    if len(args) == 1:
-        return list(_step_values(args[0]).values())
-    return [_finite(a, f"argument {i + 1}") for i, a in enumerate(args)]
-
-
-def min(*values: Any) -> float:
-    """Smallest value of a step dict, a list, or several numbers.
-
-    Raises:
-        ValueError: no values.  RuleEvalError: a value is NaN/inf.
-    """
-    return builtins.min(_values(values))
-
-
-def max(*values: Any) -> float:
-    """Largest value of a step dict, a list, or several numbers.
-
-    Raises:
-        ValueError: no values.  RuleEvalError: a value is NaN/inf.
-    """
-    return builtins.max(_values(values))
-
-
-def median(values: Any) -> float:
-    """Median of a step dict's values (``statistics.median``).
-
-    Raises:
-        statistics.StatisticsError: no values.  RuleEvalError: a value is NaN/inf.
-    """
-    return statistics.median(_values((values,)))
-
-
-def ratio_above(values: Any, threshold: float) -> float:
-    """Fraction of values ``>= threshold`` (inclusive, as in NeMo-RL).
-
-    Returns:
-        A float in [0, 1].
-
-    Raises:
-        ValueError: no values (NeMo-RL returns 0.0 there; a rule on an empty metric
-            must not pass silently).  RuleEvalError: a value is NaN/inf.
-    """
-    vals = _values((values,))
-    if not vals:
-        raise ValueError("no values to compare with the threshold")
-    return sum(v >= threshold for v in vals) / len(vals)
-
-
-def mean(values: Any, range_start: int = 1, range_end: int = 0, ignore_top_p: float = 0.0) -> float:
-    """Mean over the steps in ``[range_start, range_end)``, computed as NeMo-RL does.
-
-    Bounds are step numbers, 1-indexed, not positions. A negative bound counts back
-    from the last logged step (``bound + last_step + 1``: -10 is the last 10 steps);
-    ``range_end <= 0`` is taken the same way, so 0 means "through the last step".
-    Steps missing after a resume simply contribute nothing. Step 0 (the eval before
-    training) is outside the default range; pass ``range_start=0`` to include it.
-    ``ignore_top_p`` sorts the values and keeps the first ``int(n * (1 - p))`` of them
-    (at least one), so the largest ones are dropped as outliers.
-
-    Returns:
-        ``statistics.mean`` of the kept values.
-
-    Raises:
-        ValueError: ``ignore_top_p`` outside [0, 1], or no logged step in the range.
-        RuleEvalError: a value is NaN/inf.
-    """
-    steps = _step_values(values)
-    if not 0.0 <= ignore_top_p <= 1.0:
-        raise ValueError(f"ignore_top_p must be between 0.0 and 1.0, got {ignore_top_p}")
-    if not steps:
-        raise ValueError("no values")
-    last = builtins.max(steps)
-    start = range_start + last + 1 if range_start < 0 else range_start
-    end = range_end + last + 1 if range_end <= 0 else range_end
-    vals = [v for step, v in steps.items() if start <= step < end]
-    if not vals:
-        first = builtins.min(steps)
-        raise ValueError(f"no steps in [{start}, {end}) (logged: {first}..{last})")
-    if ignore_top_p > 0.0:
-        vals = sorted(vals)
-        vals = vals[: int(len(vals) * (1.0 - ignore_top_p))] or vals[:1]
-    return statistics.mean(vals)
-
-
-# fmt: off
-HELPERS: dict[str, Callable[..., Any]] = {
-    "min": min, "max": max, "mean": mean, "median": median,
-    "ratio_above": ratio_above, "abs": abs, "len": len, "round": round,
-}
-
-# ------------------------------------------------------------------- parse + whitelist
-
-_BIN_OPS: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-    ast.Pow: lambda a, b: float(a) ** float(b),  # float: no 10**10**10 big-int DoS
-}
-_CMP_OPS: dict[type, tuple[str, Callable[[Any, Any], bool]]] = {
-    ast.Eq: ("==", operator.eq), ast.NotEq: ("!=", operator.ne),
-    ast.Lt: ("<", operator.lt), ast.LtE: ("<=", operator.le),
-    ast.Gt: (">", operator.gt), ast.GtE: (">=", operator.ge),
-    ast.In: ("in", lambda a, b: a in b), ast.NotIn: ("not in", lambda a, b: a not in b),
-}
-_ALLOWED = (
-    ast.Expression, ast.Constant, ast.Name, ast.Load, ast.Subscript, ast.BinOp,
-    ast.UnaryOp, ast.USub, ast.UAdd, ast.Not, ast.Compare, ast.BoolOp, ast.And,
-    ast.Or, ast.Call, ast.keyword, ast.List, ast.Tuple, *_BIN_OPS, *_CMP_OPS,
-)
-_NAMES = {  # what a disallowed node is called in the error message
-    ast.Attribute: "attribute access", ast.Lambda: "lambda", ast.ListComp: "comprehension",
-    ast.SetComp: "comprehension", ast.DictComp: "comprehension",
-    ast.GeneratorExp: "generator expression", ast.JoinedStr: "f-string",
-    ast.Starred: "starred argument", ast.NamedExpr: "assignment expression (:=)",
-    ast.IfExp: "conditional expression", ast.Slice: "slice", ast.Await: "await",
-}
-# fmt: on
-
-
-def _disallowed(node: ast.AST) -> str | None:
-    """Why ``node`` is outside the whitelist, or None if it is allowed."""
-    helpers = ", ".join(HELPERS)
-    if not isinstance(node, _ALLOWED):
-        what = _NAMES.get(type(node), f"{type(node).__name__} expression")
-        if isinstance(node, ast.expr):
-            what = f"{what} `{ast.unparse(node)}`"
-        return f"{what} is not allowed"
-    if isinstance(node, ast.Constant):
-        if not isinstance(node.value, (int, float, str, type(None))):
-            return f"constant {node.value!r} is not allowed"
-        if isinstance(node.value, str) and "__" in node.value:
-            return f"dunder string {node.value!r} is not allowed"
-    if isinstance(node, ast.Name) and node.id != "data":
-        return f"name '{node.id}' is not allowed (only `data` and calls of {helpers})"
-    if isinstance(node, ast.Call):
-        if any(k.arg is None for k in node.keywords):
-            return "**kwargs is not allowed"
-        if not isinstance(node.func, ast.Name):
-            callee = ast.unparse(node.func)
-            return _disallowed(node.func) or f"call of `{callee}` is not allowed"
-        if node.func.id not in HELPERS:
-            return f"call of `{node.func.id}` is not allowed (helpers: {helpers})"
-        try:  # wrong arity or keyword names are caught here, before anything runs
-            kwargs = {k.arg: k.value for k in node.keywords if k.arg}
-            inspect.signature(HELPERS[node.func.id]).bind(*node.args, **kwargs)
-        except TypeError as e:
-            return f"`{ast.unparse(node)}`: {e}"
-    return None
-
-
-def _check_tree(node: ast.AST, rule: str) -> None:
-    """Raise RuleError for the first disallowed node (a Call's ``func`` is checked by
-    :func:`_disallowed`, not visited: helper names are allowed only as callees)."""
-    reason = _disallowed(node)
-    if reason:
-        raise RuleError(f"rule {rule!r}: {reason}")
-    is_call = isinstance(node, ast.Call)
-    children = [*node.args, *node.keywords] if is_call else ast.iter_child_nodes(node)
-    for child in children:
-        _check_tree(child, rule)
-
-
-def compile_rule(rule: str) -> ast.Expression:
-    """Parse a rule and check every node against the whitelist.
-
-    Args:
-        rule: a Python-syntax expression over ``data``.
-
-    Returns:
-        The parsed ``ast.Expression``, for :func:`evaluate_rule`.
-
-    Raises:
-        RuleError: a syntax error or a disallowed construct (attribute access, names
-            other than ``data``/helpers, lambdas, comprehensions, f-strings, starred
-            arguments, dunder strings, unknown helper keywords, ...).
-    """
-    try:
-        tree = ast.parse(rule, mode="eval")
-        _check_tree(tree, rule)
-    except SyntaxError as e:
-        raise RuleError(f"rule {rule!r}: invalid syntax ({e.msg})") from None
-    except RecursionError:
-        raise RuleError(f"rule {rule!r}: nested too deeply") from None
-    return tree
-
-
-# --------------------------------------------------------------------------- evaluation
+Status = Literal["PASS", "WARN", "FAIL", "VACUOUS", "SKIP"]
+PASSING: frozenset[str] = frozenset({"PASS", "WARN", "SKIP"})
 
 
 @dataclass(frozen=True)
 class CheckResult:
     """One rule's outcome.
 
-    ``value`` is the left-hand side of a top-level comparison, else the rule's result
-    (None when it could not be computed); ``message`` says why it failed ("" on PASS).
+    ``value``: for a comparison, the value side of its tightest link (the left-hand side
+    of ``x < bound``), else the rule's result (None when it could not be computed);
+    ``bound``/``margin``: the other side and the relative margin (None when not a
+    numeric order comparison); ``message`` says why it did not plainly PASS.
     """
 
     rule: str
-    passed: bool
+    status: Status
     value: Any
     message: str
+    bound: Any = None
+    margin: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        """True for PASS, WARN (passed close to its bound) and SKIP (optional check not applicable)."""
+        return self.status in PASSING
 
     def to_json(self) -> dict[str, Any]:
-        """The ``--json-report`` row; non-finite or non-scalar values become text."""
-        value = self.value
-        finite = isinstance(value, float) and math.isfinite(value)
-        if not (finite or value is None or isinstance(value, (bool, int, str))):
-            value = str(value)
-        status = "PASS" if self.passed else "FAIL"
-        row = {"rule": self.rule, "status": status, "value": value}
-        return {**row, "message": self.message}
+        """The ``--output-json`` row; non-finite or non-scalar values become text."""
+        return {
+            "rule": self.rule,
+            "status": self.status,
+            "value": _json_scalar(self.value),
+            "bound": _json_scalar(self.bound),
+            "margin": _json_scalar(self.margin),
+            "message": self.message,
+        }
+
+
+def _json_scalar(value: Any) -> Any:
+    """``value`` if JSON can hold it exactly (finite float, int, bool, str, None), else ``str(value)``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    return value if value is None or isinstance(value, (bool, int, str)) else str(value)
 
 
 def format_value(value: Any, limit: int = 60) -> str:
@@ -281,13 +83,59 @@ def format_value(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-class _Evaluator:
-    """Walks a whitelisted rule AST over ``data``; records the top-level comparison."""
+@dataclass(frozen=True)
+class Evaluation:
+    """What one evaluation of a rule gave, and what it read.
 
-    def __init__(self, data: dict[str, Any]) -> None:
+    ``reads``: metric -> the step keys the rule named (``data[m]["3"]``, ``"3" in
+    data[m]``); a metric tested with ``"m" in data`` is there too. ``judged``: the rule
+    itself said no (returned False, or ``all_finite`` found a NaN), as opposed to the
+    engine refusing a missing key or a NaN it read.
+    """
+
+    passed: bool
+    value: Any
+    message: str
+    links: tuple[Link, ...] = ()
+    reads: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    judged: bool = False
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _finite(x: Any, where: str) -> float:
+    """``x`` as a number; TypeError if it is not one, NonFiniteError if NaN/inf."""
+    if not is_number(x):
+        raise TypeError(f"{where} is {x!r} ({type(x).__name__}), not a number")
+    if not math.isfinite(x):
+        raise NonFiniteError(f"{where} is {x}; non-finite values never pass")
+    return x
+
+
+def _where(call: ast.Call) -> str:
+    """What a helper call read, for messages: ``metric 'train/loss'`` for ``f(data["train/loss"])``."""
+    arg = call.args[0] if call.args else call
+    if isinstance(arg, ast.Subscript) and isinstance(arg.value, ast.Name) and isinstance(arg.slice, ast.Constant):
+        return f"metric {arg.slice.value!r}"
+    return ast.unparse(arg)
+
+
+def _reads_data(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Name) for n in ast.walk(node))
+
+
+class _Evaluator:
+    """Walks a whitelisted rule AST over ``data``; records reads and the top-level comparison."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
         self.data = data
         self.lhs: Any = None
         self.failed_link = ""
+        self.links: list[Link] = []
+        self.reads: dict[str, set[str]] = {}
+        self._names: dict[int, str] = {}  # id(series read) -> its metric
+        self._series: dict[str, Any] = {}  # metric -> what data[metric] gave (converted once)
 
     def eval(self, node: ast.AST, top: bool = False) -> Any:
         """Evaluate ``node`` (``top``: it is the rule's outermost expression)."""
@@ -321,28 +169,52 @@ class _Evaluator:
         left = _finite(self.eval(node.left), f"`{ast.unparse(node.left)}`")
         right = _finite(self.eval(node.right), f"`{ast.unparse(node.right)}`")
         try:
-            return _BIN_OPS[type(node.op)](left, right)
+            return BIN_OPS[type(node.op)](left, right)
         except (ArithmeticError, ValueError) as e:
             raise RuleEvalError(f"`{ast.unparse(node)}`: {e}") from None
 
-    def _subscript(self, node: ast.Subscript) -> Any:
-        container, key = self.eval(node.value), self.eval(node.slice)
-        if container is self.data and key not in container:
-            close = difflib.get_close_matches(str(key), list(map(str, container)), n=3)
+    def _record(self, container: Any, key: Any) -> None:
+        """Note a read of metric ``key`` of ``data``, or of step ``key`` of a metric read before."""
+        if container is self.data:
+            self.reads.setdefault(str(key), set())
+        elif id(container) in self._names:
+            self.reads[self._names[id(container)]].add(str(key))
+
+    def _metric(self, key: Any) -> Any:
+        """``data[key]``: a Series (converted once) or a plain number; missing/empty/NaN fail."""
+        if key in self._series:
+            return self._series[key]
+        if key not in self.data:
+            close = difflib.get_close_matches(str(key), list(map(str, self.data)), n=3)
             hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
             raise RuleEvalError(f"metric {key!r} not found in the metrics file{hint}")
-        if isinstance(container, dict) and key not in container:
-            steps = sorted(container, key=lambda s: int(s) if str(s).isdigit() else -1)
-            logged = f"{steps[0]}..{steps[-1]} ({len(steps)} steps)" if steps else "none"
+        value = self.data[key]
+        if isinstance(value, Mapping):
+            value = as_series(value)
+            if not value:
+                raise RuleEvalError(f"metric {key!r} has no values")
+            self._names[id(value)] = str(key)
+        elif is_number(value) and not math.isfinite(value):
+            raise NonFiniteError(f"metric {key!r} is {value}; never passes")
+        self._series[key] = value
+        return value
+
+    def _subscript(self, node: ast.Subscript) -> Any:
+        container, key = self.eval(node.value), self.eval(node.slice)
+        self._record(container, key)
+        if container is self.data:
+            return self._metric(key)
+        if isinstance(container, Series) and key not in container:
+            steps = container.steps
+            logged = f"{steps[0]}..{steps[-1]} ({len(steps)} steps)"
             hint = " (step keys are strings)" if str(key) in container else ""
-            where = ast.unparse(node.value)
-            raise RuleEvalError(f"step {key!r} not in {where}{hint}; logged: {logged}")
+            raise RuleEvalError(f"step {key!r} not in {ast.unparse(node.value)}{hint}; logged: {logged}")
         try:
             value = container[key]
         except (LookupError, TypeError) as e:
             raise RuleEvalError(f"`{ast.unparse(node)}`: {e!r}") from None
         if isinstance(value, float) and not math.isfinite(value):
-            raise RuleEvalError(f"{ast.unparse(node)} is {value}; never passes")
+            raise NonFiniteError(f"{ast.unparse(node)} is {value}; never passes")
         return value
 
     def _call(self, node: ast.Call) -> Any:
@@ -351,9 +223,8 @@ class _Evaluator:
         kwargs = {k.arg: self.eval(k.value) for k in node.keywords if k.arg}
         try:
             return HELPERS[node.func.id](*args, **kwargs)
-        except RuleEvalError as e:  # NaN/inf inside a metric: name the metric
-            where = ast.unparse(node.args[0]) if node.args else ast.unparse(node)
-            raise RuleEvalError(f"{where}: {e}") from None
+        except RuleEvalError as e:  # NaN/inf inside a metric: name the metric, keep the kind
+            raise type(e)(f"{_where(node)}: {e}") from None
         except (ArithmeticError, ValueError, TypeError, LookupError) as e:
             raise RuleEvalError(f"`{ast.unparse(node)}`: {e}") from None
 
@@ -365,8 +236,13 @@ class _Evaluator:
             right = self.eval(right_node)
             for operand, operand_node in ((left, left_node), (right, right_node)):
                 if isinstance(operand, float) and not math.isfinite(operand):
-                    raise RuleEvalError(f"`{ast.unparse(operand_node)}` is {operand}; never passes")
-            symbol, compare = _CMP_OPS[type(op)]
+                    raise NonFiniteError(f"`{ast.unparse(operand_node)}` is {operand}; never passes")
+            symbol, compare = CMP_OPS[type(op)]
+            if symbol in ("in", "not in"):
+                self._record(right, left)
+            if top:
+                bound_on_left = not _reads_data(left_node) and _reads_data(right_node)
+                self.links.append(Link(left, symbol, right, bound_on_left))
             if not compare(left, right):
                 if top:
                     shown = f"{format_value(left)} {symbol} {format_value(right)}"
@@ -376,89 +252,70 @@ class _Evaluator:
         return True
 
 
-def evaluate_rule(data: dict[str, Any], rule: str, tree: ast.Expression | None = None) -> CheckResult:
-    """Evaluate one rule; problems inside the rule or the data become a FAIL.
+def evaluate(data: Mapping[str, Any], tree: ast.Expression) -> Evaluation:
+    """Evaluate a compiled rule; problems inside the rule or the data become a failed Evaluation.
 
     Args:
-        data: metric -> {step: value} (or a plain number), from :func:`load_metrics`.
+        data: metric -> Series / step dict / plain number (see :func:`load_metrics`).
+        tree: the rule compiled by :func:`compile_rule`.
+
+    Returns:
+        An Evaluation that passed only when the rule gave ``True``. A missing metric or
+        step, an empty metric, a NaN/inf read or computed, an error inside a helper, or
+        a result that is not a bool fails with a message naming the cause.
+    """
+    ev = _Evaluator(data)
+    judged = False
+    try:
+        result = ev.eval(tree)
+    except FinitenessCheckFailed as e:
+        message, result, judged = str(e), None, True
+    except RuleEvalError as e:
+        message, result = str(e), None
+    except Exception as e:  # any other error fails this rule only; the rest still run
+        message, result = f"{type(e).__name__}: {e}", None
+    else:
+        message = "" if result is True else ev.failed_link or "rule is False"
+        judged = result is False
+        if not isinstance(result, bool):
+            message = f"rule gave {format_value(result)} ({type(result).__name__}), not True/False"
+    value = ev.lhs if isinstance(tree.body, ast.Compare) else result
+    reads = {metric: frozenset(steps) for metric, steps in ev.reads.items()}
+    return Evaluation(result is True, value, message, tuple(ev.links), reads, judged)
+
+
+def result_of(rule: str, evaluation: Evaluation) -> CheckResult:
+    """The PASS/FAIL CheckResult of an evaluation, with the tightest link's value, bound and margin."""
+    status: Status = "PASS" if evaluation.passed else "FAIL"
+    margin = binding_margin(list(evaluation.links))
+    if margin is None:
+        return CheckResult(rule, status, evaluation.value, evaluation.message)
+    return CheckResult(rule, status, margin.value, evaluation.message, margin.bound, margin.margin)
+
+
+def evaluate_rule(data: Mapping[str, Any], rule: str, tree: ast.Expression | None = None) -> CheckResult:
+    """Evaluate one rule to PASS or FAIL (no vacuity, completeness or margin policy: see rule_checker).
+
+    Args:
+        data: metric -> Series / step dict / plain number.
         rule: the rule's text.
         tree: the rule compiled by :func:`compile_rule` (compiled here when None).
 
     Returns:
-        A CheckResult that passes only when the rule evaluates to ``True``. A missing
-        metric or step, a NaN/inf value, an error inside a helper, or a result that is
-        not a bool gives a FAIL whose message names the cause.
+        A CheckResult that passes only when the rule evaluates to ``True``.
 
     Raises:
         RuleError: only when ``tree`` is None and the rule does not compile.
     """
     tree = tree if tree is not None else compile_rule(rule)
-    evaluator = _Evaluator(data)
-    is_compare = isinstance(tree.body, ast.Compare)
-    try:
-        result = evaluator.eval(tree)
-    except RuleEvalError as e:
-        return CheckResult(rule, False, evaluator.lhs, str(e))
-    except Exception as e:  # any other error fails this rule only; the rest still run
-        return CheckResult(rule, False, evaluator.lhs, f"{type(e).__name__}: {e}")
-    value = evaluator.lhs if is_compare else result
-    if not isinstance(result, bool):
-        kind = type(result).__name__
-        message = f"rule gave {format_value(result)} ({kind}), not True/False"
-        return CheckResult(rule, False, value, message)
-    message = "" if result else (evaluator.failed_link or "rule is False")
-    return CheckResult(rule, result, value, message)
+    return result_of(rule, evaluate(data, tree))
 
 
-def check_rules(data: dict[str, Any], rules: list[str]) -> list[CheckResult]:
-    """Compile every rule first, then evaluate each.
+def check_rules(data: Mapping[str, Any], rules: list[str]) -> list[CheckResult]:
+    """Compile every rule first, then evaluate each to PASS or FAIL.
 
     Raises:
         RuleError: a rule does not compile; then no rule has been evaluated.
     """
     trees = [compile_rule(rule) for rule in rules]
     return [evaluate_rule(data, rule, tree) for rule, tree in zip(rules, trees, strict=True)]
-
-
-# ------------------------------------------------------------------------------ loading
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def load_metrics(path: str | Path) -> dict[str, Any]:
-    """Read and validate a metrics JSON file.
-
-    Args:
-        path: a file of ``{metric: {step: value}}`` (steps: strings of ints >= 0;
-            values: numbers, NaN/Infinity accepted here and failed by the rules that
-            read them) where a metric may instead be a plain number.
-
-    Returns:
-        The parsed dict.
-
-    Raises:
-        MetricsFileError: unreadable file, invalid JSON, or a wrong shape; the message
-            names the path and the offending metric/step.
-    """
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise MetricsFileError(f"cannot read metrics file {path}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise MetricsFileError(f"metrics file {path} is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise MetricsFileError(f"metrics file {path}: top level must be an object")
-    for name, series in data.items():
-        if _is_number(series):
-            continue
-        if not isinstance(series, dict):
-            raise MetricsFileError(f"metrics file {path}: metric {name!r} is not {{step: value}} or a number")
-        for step, value in series.items():
-            if not step.isdigit() or not _is_number(value):
-                raise MetricsFileError(
-                    f"metrics file {path}: metric {name!r} step {step!r}: "
-                    f"expected an integer step and a number, got {value!r}"
-                )
-    return data

@@ -110,15 +110,21 @@ def to_train_batch(rollouts: Rollouts, keep: torch.Tensor, pad_id: int) -> tuple
     return batch, gen_logprobs
 
 
-def rollout_metrics(rollouts: Rollouts, keep: torch.Tensor, cfg: GRPOConfig) -> dict[str, float]:
-    """Reward and sampling statistics of one step (before any row is dropped)."""
+def rollout_metrics(rollouts: Rollouts, cfg: GRPOConfig) -> dict[str, float]:
+    """Reward and sampling statistics of one step (before any row is dropped).
+
+    ``train/fraction_groups_kept`` is the fraction of prompt groups with non-zero reward
+    variance, the groups that carry a policy-gradient signal; it reads 0 when no group does
+    (even though the loop then trains on the whole batch, see :func:`select_rows`).
+    """
+    varied = nonzero_variance_mask(rollouts.rewards, cfg.completions_per_prompt)
     lengths = torch.tensor([len(c) for c in rollouts.completion_ids], dtype=torch.float32)
     reward = rollouts.rewards.float()
     return {
         "train/reward_mean": reward.mean().item(),
         "train/accuracy": (reward == 1.0).float().mean().item(),
         "train/completion_length": lengths.mean().item(),
-        "train/fraction_groups_kept": keep.view(-1, cfg.completions_per_prompt)[:, 0].float().mean().item(),
+        "train/fraction_groups_kept": varied.view(-1, cfg.completions_per_prompt)[:, 0].float().mean().item(),
     }
 
 
@@ -164,7 +170,7 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
             with timer.time("refit"):
                 refit(rt.policy, rt.generation)
             metrics = {f"train/{k}": v for k, v in train_metrics.items()}
-            metrics.update(rollout_metrics(rollouts, keep, cfg.grpo))
+            metrics.update(rollout_metrics(rollouts, cfg.grpo))
             metrics["train/token_mult_prob_error"] = token_mult_prob_error(gen_logprobs, old_logprobs,
                                                                            batch.completion_mask)
             if (cfg.grpo.val_period and step % cfg.grpo.val_period == 0) or step == cfg.grpo.num_steps:

@@ -1,0 +1,101 @@
+"""Tests for tests/rule_packs.py: the grpo and sft rule packs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from metric_rules import compile_rule
+from rule_checker import CheckOptions, normalize, run_checks
+from rule_packs import PACK_BOUNDS, PACKS, pack_rules
+
+
+def grpo_run(steps: int = 20, **overrides: dict[str, float]) -> dict:
+    """A healthy GRPO log; ``overrides`` replace whole metrics."""
+    data = {
+        "train/loss": {str(s): 0.01 * (-1) ** s for s in range(1, steps + 1)},
+        "train/grad_norm": {str(s): 1.5 + 0.01 * s for s in range(1, steps + 1)},
+        "train/fraction_groups_kept": {str(s): 0.8 for s in range(1, steps + 1)},
+        "train/entropy": {str(s): 0.4 - 0.005 * s for s in range(1, steps + 1)},
+        "train/kl": {str(s): 0.1 for s in range(1, steps + 1)},
+        "train/token_mult_prob_error": {str(s): 1.0 for s in range(1, steps + 1)},
+    }
+    return normalize({**data, **overrides})
+
+
+def statuses(data: dict, pack: str = "grpo", **bounds: float) -> dict[str, str]:
+    results = run_checks(data, pack_rules(pack, data, bounds), CheckOptions(expect_steps=20))
+    return {r.rule: r.status for r in results}
+
+
+def test_every_pack_rule_compiles_with_its_defaults():
+    for pack in PACKS:
+        for spec in pack_rules(pack, {}, {}):
+            compile_rule(spec.text)
+
+
+def test_every_bound_has_a_flag_and_a_default_in_each_pack_that_uses_it():
+    for pack, checks in PACKS.items():
+        for check in checks:
+            if check.bound is not None:
+                assert pack in PACK_BOUNDS[check.bound].defaults
+                assert PACK_BOUNDS[check.bound].flag.startswith("--")
+
+
+def test_healthy_grpo_run_passes_and_no_pack_rule_is_vacuous():
+    assert set(statuses(grpo_run()).values()) == {"PASS"}
+
+
+@pytest.mark.parametrize(
+    ("metric", "values", "failing_rule"),
+    [
+        ("train/loss", {"1": 0.1, "2": math.nan}, 'all_finite(data["train/loss"])'),
+        ("train/grad_norm", {"1": 1.0, "2": math.inf}, 'all_finite(data["train/grad_norm"])'),
+        ("train/grad_norm", {"1": 1.0, "2": 0.0}, 'min(data["train/grad_norm"]) > 0.0'),
+        ("train/fraction_groups_kept", {"1": 0.5, "2": 0.0}, 'min(data["train/fraction_groups_kept"]) > 0.0'),
+        ("train/entropy", {"1": 0.3, "2": 0.01}, 'min(data["train/entropy"]) > 0.05'),
+        ("train/kl", {"1": 0.1, "2": math.nan}, 'all_finite(data["train/kl"])'),
+        ("train/token_mult_prob_error", {"1": 1.0, "2": 1.2}, 'max(data["train/token_mult_prob_error"]) < 1.05'),
+    ],
+)
+def test_each_grpo_check_catches_its_failure(metric, values, failing_rule):
+    values = {**{str(s): v for s, v in zip(range(3, 21), [values["1"]] * 18, strict=True)}, **values}
+    result = statuses(grpo_run(**{metric: values}))
+    assert result[failing_rule] == "FAIL"
+    # only checks of that metric fail (an inf grad norm also fails `min(...) > 0`: NaN/inf never pass)
+    assert all(metric in rule for rule, status in result.items() if status != "PASS")
+
+
+def test_logprob_check_is_skipped_when_the_metric_is_not_logged():
+    data = grpo_run()
+    del data["train/token_mult_prob_error"]
+    result = statuses(data)
+    assert result['max(data["train/token_mult_prob_error"]) < 1.05'] == "SKIP"
+
+
+def test_a_required_metric_that_is_missing_fails():
+    data = grpo_run()
+    del data["train/entropy"]
+    assert statuses(data)['min(data["train/entropy"]) > 0.05'] == "FAIL"
+
+
+def test_bounds_are_overridable():
+    specs = pack_rules("grpo", grpo_run(), {"min_entropy": 0.35, "max_logprob_error": 1.5})
+    rules = [s.text for s in specs]
+    assert 'min(data["train/entropy"]) > 0.35' in rules
+    assert 'max(data["train/token_mult_prob_error"]) < 1.5' in rules
+    assert statuses(grpo_run(), min_entropy=0.35)['min(data["train/entropy"]) > 0.35'] == "FAIL"
+
+
+def test_sft_pack():
+    data = normalize(
+        {
+            "train/loss": {str(s): 3.0 - 0.1 * s for s in range(1, 21)},
+            "train/grad_norm": {str(s): 2.0 for s in range(1, 21)},
+            "train/entropy": {str(s): 2.0 for s in range(1, 21)},
+            "val/loss": {"0": 3.0, "20": 1.2},
+        }
+    )
+    assert set(statuses(data, "sft").values()) == {"PASS"}
+    data["val/loss"] = normalize({"v": {"0": 3.0, "20": math.nan}})["v"]
+    assert statuses(data, "sft")['all_finite(data["val/loss"])'] == "FAIL"

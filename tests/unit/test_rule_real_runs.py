@@ -1,0 +1,160 @@
+"""The functional scripts' rules (as written in grpo.sh / sft.sh) against excerpts of real runs.
+
+Fixtures in ``fixtures/metrics/`` are the metrics those rules read, from real jobs of this
+repository, rounded to 5 significant digits:
+
+- ``grpo_healthy.json``: the 200-step GRPO run of grpo.sh (seed 0), val/accuracy 0.42 -> 0.75.
+- ``grpo_collapsed.json``: a GRPO run from a weaker warm start whose reward fell from ~0.2 to
+  ~0 (30 steps with zero gradient); val/accuracy 0.33 -> 0.02.
+- ``sft_gsm8k.json``: a 60-step run of sft.sh's GSM8K SFT (an earlier 60-step config).
+
+The run killed at step 42 is the healthy run cut at step 42 (it was the same seed, and its
+log is exactly that prefix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import check_metrics
+import pytest
+from rule_checker import CheckOptions, RuleSpec, normalize, run_checks
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "metrics"
+
+
+def check_run_args(script: str) -> list[str]:
+    """The arguments the script passes to ``check_run`` after the log dir, as bash would split them."""
+    text = (ROOT / "tests" / "functional" / script).read_text()
+    call = re.search(r'^check_run "\$WORK/logs"(.*?)(?:\n\n|\Z)', text, re.S | re.M)
+    assert call, f"no check_run call in {script}"
+    args = shlex.split(call.group(1).replace("\\\n", " "))
+    assert "--expect-steps" in args, f"{script} must pass --expect-steps"
+    return args
+
+
+def resolved_args(script: str, expect_steps: int) -> list[str]:
+    """``check_run_args`` with the shell variables replaced as the script computes them."""
+    tenth = str((expect_steps + 9) // 10)  # grpo.sh's TENTH
+    return [
+        str(expect_steps) if a == "$EXPECT_STEPS" else
+        a.replace("$((TENTH + 1))", str(int(tenth) + 1)).replace("$TENTH", tenth)
+        for a in check_run_args(script)
+    ]
+
+
+def run_script_rules(capsys, script: str, fixture: Path, expect_steps: int) -> tuple[int, str]:
+    code = check_metrics.main([str(fixture), *resolved_args(script, expect_steps)])
+    return code, capsys.readouterr().out
+
+
+def truncated(tmp_path: Path, steps: int) -> Path:
+    data = json.loads((FIXTURES / "grpo_healthy.json").read_text())
+    cut = {m: {s: v for s, v in series.items() if int(s) <= steps} for m, series in data.items()}
+    path = tmp_path / f"grpo_stopped_at_{steps}.json"
+    path.write_text(json.dumps(cut))
+    return path
+
+
+def failing_rows(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("│ FAIL") or line.startswith("│ VACUOUS")]
+
+
+class TestGrpoScript:
+    def test_script_uses_the_pack_and_expected_steps(self):
+        args = check_run_args("grpo.sh")
+        assert args[args.index("--pack") + 1] == "grpo" and "$EXPECT_STEPS" in args
+
+    def test_healthy_run_passes_every_rule(self, capsys, monkeypatch):
+        monkeypatch.setenv("COLUMNS", "250")
+        code, out = run_script_rules(capsys, "grpo.sh", FIXTURES / "grpo_healthy.json", 200)
+        assert code == 0, out
+        assert "FAIL" not in out and "VACUOUS" not in out
+
+    def test_collapsed_run_fails(self, capsys, monkeypatch):
+        monkeypatch.setenv("COLUMNS", "250")
+        code, out = run_script_rules(capsys, "grpo.sh", FIXTURES / "grpo_collapsed.json", 200)
+        assert code == 1
+        failed = "\n".join(failing_rows(out))
+        assert 'mean(data["val/accuracy"], -1) - data["val/accuracy"]["0"] >= 0.15' in failed
+        assert 'mean(data["train/reward_mean"], -20) > mean(data["train/reward_mean"], 1, 21)' in failed
+        assert 'min(data["train/grad_norm"]) > 0.0' in failed  # the pack's check
+
+    def test_run_that_stopped_at_step_42_fails_every_rule(self, capsys, tmp_path, monkeypatch):
+        monkeypatch.setenv("COLUMNS", "250")
+        code, out = run_script_rules(capsys, "grpo.sh", truncated(tmp_path, 42), 200)
+        assert code == 1
+        rows = [line for line in out.splitlines() if line.startswith("│ ")]
+        statuses = [row.split("│")[1].strip() for row in rows if row.split("│")[1].strip()]
+        assert set(statuses) == {"FAIL"}
+        assert out.count("run stopped at step 42 of 200") == len(statuses) >= 15
+
+    def test_no_rule_of_the_script_is_vacuous_on_the_healthy_run(self):
+        rules = [a for a in resolved_args("grpo.sh", 200) if a.startswith(("mean(", "max(", "min("))]
+        data = normalize(json.loads((FIXTURES / "grpo_healthy.json").read_text()))
+        results = run_checks(data, [RuleSpec(r) for r in rules], CheckOptions(expect_steps=200))
+        assert [r.status for r in results] == ["PASS"] * len(rules)
+
+
+class TestSftScript:
+    def test_script_uses_the_pack_and_expected_steps(self):
+        args = check_run_args("sft.sh")
+        assert args[args.index("--pack") + 1] == "sft" and "$EXPECT_STEPS" in args
+
+    def test_real_run_passes(self, capsys, monkeypatch):
+        monkeypatch.setenv("COLUMNS", "250")
+        code, out = run_script_rules(capsys, "sft.sh", FIXTURES / "sft_gsm8k.json", 60)
+        assert code == 0, out
+
+    def test_run_expected_longer_fails(self, capsys):
+        code, out = run_script_rules(capsys, "sft.sh", FIXTURES / "sft_gsm8k.json", 100)
+        assert code == 1 and "run stopped at step 60 of 100" in out
+
+
+@pytest.mark.parametrize("fixture", ["grpo_healthy.json", "grpo_collapsed.json"])
+def test_collapse_signals_differ_between_the_fixtures(fixture):
+    """Guards the fixtures themselves: the collapsed run has zero-gradient steps, the healthy one none."""
+    data = json.loads((FIXTURES / fixture).read_text())
+    zero_grad_steps = sum(v == 0 for v in data["train/grad_norm"].values())
+    assert (zero_grad_steps > 0) == (fixture == "grpo_collapsed.json")
+
+
+class TestCommonSh:
+    """The helpers of tests/functional/common.sh that the scripts use to check a run."""
+
+    @staticmethod
+    def bash(script: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        return subprocess.run(
+            ["bash", "-c", f"source tests/functional/common.sh; {script}"],
+            cwd=ROOT,
+            env=env,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def test_check_run_refuses_to_run_without_expect_steps(self, tmp_path):
+        proc = self.bash(f"WORK={tmp_path}; check_run {tmp_path} --pack grpo 'min(data[\"x\"]) > 0'")
+        assert proc.returncode == 2 and "--expect-steps" in proc.stderr
+        assert not (tmp_path / "metrics.json").exists()
+
+    def test_config_value_applies_the_overrides_like_the_entry_point(self):
+        yaml = "examples/configs/grpo_arithmetic.yaml"
+        proc = self.bash(
+            f"config_value {yaml} grpo.num_steps; config_value {yaml} grpo.num_steps policy.lr=1e-4 grpo.num_steps=400"
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == ["300", "400"]
+
+    def test_config_value_of_an_unset_key_fails(self):
+        proc = self.bash("config_value examples/configs/grpo_arithmetic.yaml grpo.no_such_key")
+        assert proc.returncode != 0 and "grpo.no_such_key" in proc.stderr

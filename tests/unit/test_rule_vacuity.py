@@ -1,0 +1,156 @@
+"""Tests for tests/rule_vacuity.py: rules that cannot fail are caught, sound rules are not."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from metric_rules import Evaluation, compile_rule, evaluate
+from rule_checker import normalize
+from rule_series import Series
+from rule_vacuity import StandIn, caught, check_vacuity, domain, stand_ins
+
+# A 20-step run in which the loss falls, reward rises and accuracy improves.
+DATA = normalize(
+    {
+        "train/loss": {str(s): 2.0 - 0.05 * s for s in range(1, 21)},
+        "train/reward_mean": {str(s): 0.2 + 0.01 * s + (0.02 if s % 3 else -0.02) for s in range(1, 21)},
+        "train/accuracy": {str(s): 0.1 + 0.02 * s for s in range(1, 21)},
+        "train/clip_fraction": {str(s): 0.01 * (s % 4) for s in range(1, 21)},
+        "train/grad_norm": {str(s): 1.0 + 0.1 * s for s in range(1, 21)},
+        "val/accuracy": {"0": 0.3, "10": 0.4, "20": 0.5},
+        "eval/score": 0.7,
+    }
+)
+# A run resumed after a crash: steps 6 and 7 were never logged.
+RESUMED = normalize({"train/loss": {str(s): 2.0 - 0.05 * s for s in (1, 2, 3, 4, 5, 8, 9, 10)}})
+
+
+def vacuity(rule: str, data=DATA):
+    tree = compile_rule(rule)
+    evaluation = evaluate(data, tree)
+    assert evaluation.passed, f"{rule} must pass on the real data first: {evaluation.message}"
+    return check_vacuity(data, tree, evaluation.reads)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        'min(data["train/loss"]) >= min(data["train/loss"])',  # true of any series
+        'max(data["train/loss"]) >= min(data["train/loss"])',
+        'mean(data["train/loss"]) == mean(data["train/loss"])',
+        'abs(mean(data["train/loss"])) >= 0',
+        'len(data["train/loss"]) >= 1',  # an empty metric fails every rule anyway
+        'min(data["train/clip_fraction"]) >= 0',  # a clip fraction is never negative
+        'max(data["val/accuracy"]) <= 1',  # an accuracy is never above 1
+        'ratio_above(data["train/grad_norm"], 0) == 1',  # a norm is never negative
+        'data["eval/score"] >= 0 or data["eval/score"] < 0',
+        "1 < 2",  # reads no metric
+        "len(data) > 0",
+    ],
+)
+def test_vacuous_rule_is_caught(rule):
+    result = vacuity(rule)
+    assert result.vacuous, result.reason
+    assert "cannot" in result.reason or "reads no metric" in result.reason
+
+
+@pytest.mark.parametrize(
+    ("rule", "caught_by"),
+    [
+        ('mean(data["train/loss"], -5) < 0.8 * mean(data["train/loss"], 1, 6)', "zeros"),
+        ('mean(data["train/reward_mean"], -5) > mean(data["train/reward_mean"], 1, 6)', "zeros"),
+        ('mean(data["val/accuracy"], -1) - data["val/accuracy"]["0"] >= 0.15', "zeros"),
+        ('max(data["train/grad_norm"]) < 100', "constant 1e30"),
+        ('min(data["train/grad_norm"]) > 0', "zeros"),
+        ('max(data["train/loss"]) - min(data["train/loss"]) > 0', "zeros"),
+        ('mean(data["train/clip_fraction"]) < 0.05', "constant 1e30"),
+        ('std(data["train/reward_mean"]) < 1', "alternating"),
+        ('slope(data["train/loss"]) < 0', "zeros"),
+        ('first(data["train/accuracy"]) < last(data["train/accuracy"])', "zeros"),
+        # passes with both metrics replaced alike; replacing one alone makes it fail
+        ('abs(mean(data["train/loss"]) - mean(data["train/reward_mean"])) < 2', "constant 1e30 (train/loss)"),
+        ('data["eval/score"] > 0.5', "zeros"),
+        ('all_finite(data["train/loss"])', "NaN"),
+        ('len(data["train/loss"]) == 20', "last step missing"),
+        ('len(data["train/loss"]) >= 15', "first half only"),
+        ('last_step(data["train/loss"]) == 20', "last step missing"),
+        ('len(data["train/loss"]) >= 2', "first step only"),
+        ('"train/loss" in data', "train/loss absent"),
+    ],
+)
+def test_sound_rule_is_not_flagged(rule, caught_by):
+    result = vacuity(rule)
+    assert not result.vacuous, result.reason
+    assert caught_by in result.reason
+
+
+@pytest.mark.parametrize(
+    ("rule", "caught_by"),
+    [
+        ('"3" in data["train/loss"]', "first step only"),
+        # step 1 survives every shorter run: only the named-step stand-in removes it
+        ('"1" in data["train/loss"]', "step 1 missing"),
+        ('data["train/loss"]["1"] < 1e40', "step 1 missing"),
+    ],
+)
+def test_membership_of_a_named_step_is_sound(rule, caught_by):
+    result = vacuity(rule)
+    assert not result.vacuous and caught_by in result.reason, result.reason
+
+
+def test_named_step_missing_is_what_catches_a_middle_step():
+    names = [s.name for s in stand_ins(DATA, {"train/loss": frozenset({"12"})})]
+    assert "train/loss: step 12 missing" in names
+
+
+def test_resumed_run_rules_are_judged_on_their_real_steps():
+    assert not vacuity('mean(data["train/loss"], -3) < mean(data["train/loss"], 1, 4)', RESUMED).vacuous
+    assert vacuity('mean(data["train/loss"], -3) <= max(data["train/loss"])', RESUMED).vacuous
+
+
+class TestStandIns:
+    def test_never_empty_and_values_stay_on_the_real_steps(self):
+        for stand_in in stand_ins(DATA, {"train/loss": frozenset({"1", "20"})}):
+            for series in stand_in.replace.values():
+                assert series is None or not isinstance(series, Series) or len(series) >= 1
+            if "missing" not in stand_in.name and "only" not in stand_in.name and "absent" not in stand_in.name:
+                assert list(stand_in.replace["train/loss"].steps) == list(range(1, 21))
+
+    def test_values_are_clipped_to_the_metric_domain(self):
+        assert domain("train/clip_fraction") == (0.0, 1.0) and domain("timing/train") == (0.0, math.inf)
+        assert domain("train/reward_mean") == (-math.inf, math.inf)
+        by_name = {s.name: s for s in stand_ins(DATA, {"train/clip_fraction": frozenset()})}
+        assert set(by_name["constant -1e30 (train/clip_fraction)"].replace["train/clip_fraction"].step_values) == {0.0}
+        assert set(by_name["constant 1e30 (train/clip_fraction)"].replace["train/clip_fraction"].step_values) == {1.0}
+
+    def test_several_metrics_are_replaced_together_then_alone(self):
+        names = [s.name for s in stand_ins(DATA, {"train/loss": frozenset(), "train/accuracy": frozenset()})]
+        assert "zeros (train/accuracy, train/loss)" in names
+        assert "zeros (train/accuracy)" in names and "zeros (train/loss)" in names
+
+    def test_plain_number_gets_value_stand_ins_only(self):
+        names = [s.name for s in stand_ins(DATA, {"eval/score": frozenset()})]
+        assert names == [
+            "zeros (eval/score)",
+            "constant 1e30 (eval/score)",
+            "constant -1e30 (eval/score)",
+            "NaN (eval/score)",
+            "eval/score absent",
+        ]
+
+    def test_nan_and_absent_are_universal(self):
+        universal = {s.name for s in stand_ins(DATA, {"train/loss": frozenset()}) if s.universal}
+        assert universal == {"NaN (train/loss)", "train/loss absent"}
+
+
+class TestCaught:
+    def test_universal_stand_in_counts_only_the_rules_own_verdict(self):
+        nan = StandIn("NaN (x)", {}, universal=True)
+        assert not caught(Evaluation(False, None, "step '10' is nan", judged=False), nan)
+        assert caught(Evaluation(False, None, "step '10' is nan", judged=True), nan)
+
+    def test_any_failure_counts_for_other_stand_ins(self):
+        zeros = StandIn("zeros (x)", {})
+        assert caught(Evaluation(False, None, "metric 'x' has no values"), zeros)
+        assert not caught(Evaluation(True, True, ""), zeros)
