@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from posttrain.algorithms.grpo import GRPOMasterConfig
 from posttrain.algorithms.sft import SFTMasterConfig
@@ -50,15 +51,17 @@ def test_every_example_config_is_covered() -> None:
 
 
 def test_yaml_values_reach_the_config() -> None:
+    raw = yaml.safe_load(GRPO_YAML.read_text())
     grpo = load_config(GRPO_YAML, [], GRPOMasterConfig)
-    assert grpo.grpo.completions_per_prompt == 8
-    assert grpo.policy.lr == pytest.approx(3e-4)
+    assert grpo.grpo.completions_per_prompt == raw["grpo"]["completions_per_prompt"]
+    assert grpo.policy.lr == pytest.approx(raw["policy"]["lr"])
+    raw = yaml.safe_load((CONFIGS / "sft_gsm8k.yaml").read_text())
     sft = load_config(CONFIGS / "sft_gsm8k.yaml", [], SFTMasterConfig)
     assert sft.data.dataset == "gsm8k"
     assert sft.model.tiny.charset == "ascii"
-    assert sft.model.tiny.max_position_embeddings == 1024
+    assert sft.model.tiny.max_position_embeddings == raw["model"]["tiny"]["max_position_embeddings"]
     assert sft.sft.val_accuracy is False
-    assert sft.policy.train_global_batch_size == 16
+    assert sft.policy.train_global_batch_size == raw["policy"]["train_global_batch_size"]
 
 
 def test_grpo_yaml_does_not_load_as_sft() -> None:
@@ -70,7 +73,8 @@ def test_grpo_yaml_does_not_load_as_sft() -> None:
 
 
 def test_override_changes_a_value() -> None:
-    assert load_config(GRPO_YAML, [], GRPOMasterConfig).grpo.num_steps == 200
+    in_yaml = yaml.safe_load(GRPO_YAML.read_text())["grpo"]["num_steps"]
+    assert load_config(GRPO_YAML, [], GRPOMasterConfig).grpo.num_steps == in_yaml != 7
     cfg = load_config(GRPO_YAML, ["grpo.num_steps=7"], GRPOMasterConfig)
     assert cfg.grpo.num_steps == 7
     assert isinstance(cfg.grpo.num_steps, int)
