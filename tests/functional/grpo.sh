@@ -22,13 +22,15 @@ run_job examples/run_grpo.py --config "$GRPO_CONFIG" \
 # val/accuracy is logged at step 0 (before any update) and at the last step. The grpo pack
 # adds: loss, grad norm and KL finite on every step, grad norm non-zero, reward groups with
 # variance on every step, entropy above a floor, engine/trainer logprob agreement.
+# Probability ratios are judged by their median over steps: the per-step min/max are the
+# extremes of ~1,000 tokens, and one token's ratio fell to 0.007 in a healthy run (seed 2).
 check_run "$WORK/logs" --expect-steps "$EXPECT_STEPS" --pack grpo \
   'mean(data["val/accuracy"], -1) - data["val/accuracy"]["0"] >= 0.15' \
   "mean(data[\"train/reward_mean\"], -$TENTH) > mean(data[\"train/reward_mean\"], 1, $((TENTH + 1)))" \
   'max(data["train/grad_norm"]) < 100' \
   'max(data["train/loss"]) - min(data["train/loss"]) > 0' \
   'max(data["train/loss"]) < 10' \
-  'min(data["train/probs_ratio_min"]) > 0.05' \
-  'max(data["train/probs_ratio_max"]) < 20' \
+  'median(data["train/probs_ratio_min"]) > 0.5' \
+  'median(data["train/probs_ratio_max"]) < 2' \
   'mean(data["train/clip_fraction"]) < 0.05' \
   'max(data["train/clip_fraction"]) < 0.3'
