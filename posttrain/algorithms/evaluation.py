@@ -8,6 +8,11 @@ from posttrain.environments.math_verifier import math_reward
 from posttrain.models.generation.interfaces import Generation, SamplingParams
 
 
+def is_validation_step(step: int, period: int, num_steps: int) -> bool:
+    """Validate every ``period`` steps (0: never in between) and always after the last step."""
+    return (period > 0 and step % period == 0) or step == num_steps
+
+
 def greedy_accuracy(generation: Generation, chat: ChatEncoder, problems: list[MathProblem],
                     max_new_tokens: int) -> float:
     """Fraction of ``problems`` whose greedy completion has the right final answer.

@@ -21,7 +21,7 @@ import torch
 from pydantic import Field
 
 from posttrain.algorithms.advantages import compute_group_advantages, nonzero_variance_mask
-from posttrain.algorithms.evaluation import greedy_accuracy
+from posttrain.algorithms.evaluation import greedy_accuracy, is_validation_step
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.runtime import Runtime, refit, setup_runtime
 from posttrain.config import RunConfig, Section
@@ -173,7 +173,7 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
             metrics.update(rollout_metrics(rollouts, cfg.grpo))
             metrics["train/token_mult_prob_error"] = token_mult_prob_error(gen_logprobs, old_logprobs,
                                                                            batch.completion_mask)
-            if (cfg.grpo.val_period and step % cfg.grpo.val_period == 0) or step == cfg.grpo.num_steps:
+            if is_validation_step(step, cfg.grpo.val_period, cfg.grpo.num_steps):
                 with timer.time("validation"):
                     metrics.update(validate(rt, val_problems, cfg))
             metrics.update(rt.resource_metrics(timer, start))

@@ -14,7 +14,7 @@ import time
 import torch
 from pydantic import Field
 
-from posttrain.algorithms.evaluation import greedy_accuracy
+from posttrain.algorithms.evaluation import greedy_accuracy, is_validation_step
 from posttrain.algorithms.loss_functions import NLLLoss
 from posttrain.algorithms.runtime import Runtime, refit, setup_runtime
 from posttrain.config import RunConfig, Section
@@ -84,7 +84,7 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
                 batch = sft_batch(rt.chat, sample_prompts(train_problems, cfg.sft.batch_size, rng))
             with timer.time("train"):
                 metrics = {f"train/{k}": v for k, v in rt.policy.train(batch, {}, NLLLoss()).items()}
-            if (cfg.sft.val_period and step % cfg.sft.val_period == 0) or step == cfg.sft.num_steps:
+            if is_validation_step(step, cfg.sft.val_period, cfg.sft.num_steps):
                 with timer.time("validation"):
                     metrics.update(validate(rt, val_batch, val_problems, cfg))
             metrics.update(rt.resource_metrics(timer, start))
