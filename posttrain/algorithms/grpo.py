@@ -23,7 +23,7 @@ from pydantic import Field
 from posttrain.algorithms.advantages import compute_group_advantages, nonzero_variance_mask
 from posttrain.algorithms.evaluation import greedy_accuracy, is_validation_step
 from posttrain.algorithms.loss_functions import ClippedPGLoss
-from posttrain.algorithms.runtime import Runtime, refit, setup_runtime
+from posttrain.algorithms.runtime import Runtime, open_run, refit
 from posttrain.config import RunConfig, Section
 from posttrain.data.arithmetic import sample_prompts
 from posttrain.data.batch import TokenBatch, make_batch
@@ -32,7 +32,6 @@ from posttrain.data.types import MathProblem
 from posttrain.environments.math_verifier import math_reward
 from posttrain.models.generation.interfaces import SamplingParams
 from posttrain.ops import masked_mean
-from posttrain.utils.logger import MetricsLogger
 from posttrain.utils.timer import Timer
 
 
@@ -145,12 +144,10 @@ def validate(rt: Runtime, val: list[MathProblem], cfg: GRPOMasterConfig) -> dict
 def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
     """Run GRPO as configured; returns the logged metrics (also in ``<log_dir>/metrics.json``)."""
     train_problems, val_problems = load_problems(cfg.data)
-    rt = setup_runtime(cfg.model, cfg.policy, cfg.generation, cfg.cluster, cfg.grpo.seed)
-    logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.print_period)
     loss_fn = ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef)
     rng = random.Random(cfg.grpo.seed)
     timer = Timer()
-    try:
+    with open_run(cfg, cfg.grpo.seed) as (rt, logger):
         logger.log(validate(rt, val_problems, cfg), step=0)
         for step in range(1, cfg.grpo.num_steps + 1):
             start = time.perf_counter()
@@ -178,9 +175,4 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
                     metrics.update(validate(rt, val_problems, cfg))
             metrics.update(rt.resource_metrics(timer, start))
             logger.log(metrics, step)
-        if cfg.checkpoint.save_path:
-            rt.policy.save_checkpoint(cfg.checkpoint.save_path)
-    finally:
-        logger.close()
-        rt.shutdown()
     return logger.metrics

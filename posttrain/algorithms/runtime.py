@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig
+from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig, RunConfig
 from posttrain.data.chat import ChatEncoder
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
 from posttrain.errors import ConfigError
 from posttrain.models.generation.hf_generation import HfGeneration
 from posttrain.models.policy.lm_policy import Policy
 from posttrain.models.tiny import build_tiny_model
+from posttrain.utils.logger import MetricsLogger
 from posttrain.utils.memory import peak_rss_gib
 from posttrain.utils.timer import Timer
 
@@ -75,6 +78,26 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     pol = Policy(vc, model_path, worker_cfg, seed, bundle_index=0)
     gen = HfGeneration(vc, model_path, list(range(1, 1 + generation.num_workers)), generation.num_threads)
     return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer))
+
+
+@contextlib.contextmanager
+def open_run(cfg: RunConfig, seed: int) -> Iterator[tuple[Runtime, MetricsLogger]]:
+    """The runtime and the metrics logger of one training run, torn down however it ends.
+
+    On a normal exit the final policy is saved to ``cfg.checkpoint.save_path`` (when set);
+    on any exit the logger is closed and the workers and their reservation are released.
+    """
+    rt = setup_runtime(cfg.model, cfg.policy, cfg.generation, cfg.cluster, seed)
+    try:
+        logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.print_period)
+        try:
+            yield rt, logger
+            if cfg.checkpoint.save_path:
+                rt.policy.save_checkpoint(cfg.checkpoint.save_path)
+        finally:
+            logger.close()
+    finally:
+        rt.shutdown()
 
 
 def refit(policy: Policy, generation: HfGeneration) -> None:

@@ -11,12 +11,11 @@ from __future__ import annotations
 import random
 import time
 
-import torch
 from pydantic import Field
 
 from posttrain.algorithms.evaluation import greedy_accuracy, is_validation_step
 from posttrain.algorithms.loss_functions import NLLLoss
-from posttrain.algorithms.runtime import Runtime, refit, setup_runtime
+from posttrain.algorithms.runtime import Runtime, open_run, refit
 from posttrain.config import RunConfig, Section
 from posttrain.data.arithmetic import sample_prompts
 from posttrain.data.batch import TokenBatch, make_batch
@@ -24,7 +23,6 @@ from posttrain.data.chat import ChatEncoder
 from posttrain.data.datasets import load_problems
 from posttrain.data.types import MathProblem
 from posttrain.ops import masked_mean
-from posttrain.utils.logger import MetricsLogger
 from posttrain.utils.timer import Timer
 
 
@@ -67,13 +65,10 @@ def _reached_target(metrics: dict[str, float], target: float | None) -> bool:
 def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
     """Run SFT as configured; returns the logged metrics (also in ``<log_dir>/metrics.json``)."""
     train_problems, val_problems = load_problems(cfg.data)
-    rt = setup_runtime(cfg.model, cfg.policy, cfg.generation, cfg.cluster, cfg.sft.seed)
-    logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.print_period)
-    val_batch = sft_batch(rt.chat, val_problems[: cfg.sft.val_loss_size])
     rng = random.Random(cfg.sft.seed)
-    torch.manual_seed(cfg.sft.seed)
     timer = Timer()
-    try:
+    with open_run(cfg, cfg.sft.seed) as (rt, logger):
+        val_batch = sft_batch(rt.chat, val_problems[: cfg.sft.val_loss_size])
         metrics = validate(rt, val_batch, val_problems, cfg)
         logger.log(metrics, step=0)
         for step in range(1, cfg.sft.num_steps + 1):
@@ -89,9 +84,4 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
                     metrics.update(validate(rt, val_batch, val_problems, cfg))
             metrics.update(rt.resource_metrics(timer, start))
             logger.log(metrics, step)
-        if cfg.checkpoint.save_path:
-            rt.policy.save_checkpoint(cfg.checkpoint.save_path)
-    finally:
-        logger.close()
-        rt.shutdown()
     return logger.metrics

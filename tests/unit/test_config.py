@@ -249,7 +249,7 @@ def test_cli_missing_data_file_exits_2_naming_the_path(grpo_cli, monkeypatch: py
     def no_runtime(*args, **kwargs):
         raise AssertionError("the runtime (Ray, workers) started before the data was loaded")
 
-    monkeypatch.setattr(sft, "setup_runtime", no_runtime)
+    monkeypatch.setattr(sft, "open_run", no_runtime)
     monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(sys, "argv", ["run_sft.py", "data.dataset=gsm8k", "data.gsm8k_train_path=/nonexistent.jsonl"])

@@ -39,7 +39,7 @@ def test_grpo_loop_logs_every_step(ray_cluster, small, tmp_path):
     assert (tmp_path / "final" / "tokenizer.json").is_file()
 
 
-def test_sft_loop_learns_and_stops_on_target(ray_cluster, small, tmp_path):
+def test_sft_loop_learns(ray_cluster, small, tmp_path):
     cfg = load_config("examples/configs/sft_arithmetic.yaml",
                       small + ["sft.num_steps=30", "sft.batch_size=32", "sft.val_period=10",
                                "policy.train_global_batch_size=32", "policy.train_micro_batch_size=16"],
