@@ -1,4 +1,4 @@
-"""Fixtures shared by the unit tests."""
+"""Fixtures shared by every test tier (unit, integration, nightly)."""
 
 from __future__ import annotations
 
