@@ -94,7 +94,16 @@ class ClusterConfig(Section):
 
     address: str | None = None
     num_cpus: int | None = Field(None, ge=1)
+    num_gpus: int | None = Field(None, ge=0, description="GPUs of a local cluster (None: Ray detects them)")
     cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float = Field(
+        0.0, ge=0, description="GPUs per policy/generation worker; > 0 puts their models on CUDA (fractions share one)"
+    )
+
+    @property
+    def device(self) -> str:
+        """The torch device of the workers' models: "cuda" when they hold GPUs, else "cpu"."""
+        return "cuda" if self.gpus_per_worker > 0 else "cpu"
 
 
 class LoggerConfig(Section):

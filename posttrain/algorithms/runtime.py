@@ -72,11 +72,13 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
 
     model_path = resolve_model_path(model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    init_ray(address=cluster.address, num_cpus=cluster.num_cpus)
-    vc = RayVirtualCluster(1 + generation.num_workers, num_cpus=cluster.cpus_per_worker)
-    worker_cfg = {**policy.model_dump(), "temperature": generation.temperature}
+    init_ray(address=cluster.address, num_cpus=cluster.num_cpus, num_gpus=cluster.num_gpus)
+    vc = RayVirtualCluster(1 + generation.num_workers, num_cpus=cluster.cpus_per_worker,
+                           num_gpus=cluster.gpus_per_worker)
+    worker_cfg = {**policy.model_dump(), "temperature": generation.temperature, "device": cluster.device}
     pol = Policy(vc, model_path, worker_cfg, seed, bundle_index=0)
-    gen = HfGeneration(vc, model_path, list(range(1, 1 + generation.num_workers)), generation.num_threads)
+    gen = HfGeneration(vc, model_path, list(range(1, 1 + generation.num_workers)), generation.num_threads,
+                       device=cluster.device)
     return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer))
 
 

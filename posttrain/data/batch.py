@@ -45,6 +45,10 @@ class TokenBatch:
         """Rows ``index`` of every field (a view for slices)."""
         return TokenBatch(*(getattr(self, f)[index] for f in self.__dataclass_fields__))
 
+    def to(self, device: torch.device | str) -> TokenBatch:
+        """Every field on ``device`` (no copy when already there)."""
+        return TokenBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
 
 def bucket(length: int, buckets: Sequence[int]) -> int:
     """Smallest bucket >= ``length``; the largest bucket if none fits."""

@@ -142,12 +142,18 @@ def test_bad_type_names_the_key_and_the_value() -> None:
     ("override", "key"),
     [("grpo.completions_per_prompt=1", "grpo.completions_per_prompt"), ("policy.lr=0", "policy.lr"),
      ("grpo.num_steps=0", "grpo.num_steps"), ("generation.top_p=1.5", "generation.top_p"),
-     ("grpo.clip_eps=-0.1", "grpo.clip_eps")],
+     ("grpo.clip_eps=-0.1", "grpo.clip_eps"), ("cluster.gpus_per_worker=-1", "cluster.gpus_per_worker")],
 )
 def test_out_of_range_value_raises(override: str, key: str) -> None:
     message = _error(GRPO_YAML, [override])
     assert key in message
     assert override.split("=")[1] in message
+
+
+@pytest.mark.parametrize(("gpus", "device"), [(0, "cpu"), (0.5, "cuda"), (1, "cuda")])
+def test_workers_hold_their_models_on_cuda_only_with_gpus(gpus: float, device: str) -> None:
+    cfg = load_config(GRPO_YAML, [f"cluster.gpus_per_worker={gpus}"], GRPOMasterConfig)
+    assert cfg.cluster.device == device
 
 
 @pytest.mark.parametrize("override", ["grpo.num_steps", "=3", "grpo.num_steps:7"])

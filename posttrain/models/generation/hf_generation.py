@@ -19,10 +19,13 @@ class HfGeneration:
         model_path: Hugging Face model directory (initial weights).
         bundle_indices: one worker per listed bundle.
         num_threads: torch CPU threads per worker.
+        device: "cpu", or "cuda" when the cluster's bundles hold a GPU.
     """
 
-    def __init__(self, cluster: RayVirtualCluster, model_path: str, bundle_indices: list[int], num_threads: int = 1):
-        self.group = RayWorkerGroup(cluster, HfGenerationWorker, model_path, num_threads, bundle_indices=bundle_indices)
+    def __init__(self, cluster: RayVirtualCluster, model_path: str, bundle_indices: list[int], num_threads: int = 1,
+                 device: str = "cpu"):
+        self.group = RayWorkerGroup(cluster, HfGenerationWorker, model_path, num_threads,
+                                    bundle_indices=bundle_indices, device=device)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         """Split ``prompts`` into contiguous shards, one per worker, and gather in order."""

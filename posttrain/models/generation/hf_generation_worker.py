@@ -15,15 +15,17 @@ from posttrain.models.generation.interfaces import GenerationOutput, SamplingPar
 
 
 class HfGenerationWorkerImpl:
-    """Args: model_path (Hugging Face directory), num_threads (torch CPU threads), rank."""
+    """Args: model_path (Hugging Face directory), num_threads (torch CPU threads), rank,
+    device ("cpu", or "cuda" for the actor of a GPU bundle)."""
 
-    def __init__(self, model_path: str, num_threads: int = 1, rank: int = 0):
+    def __init__(self, model_path: str, num_threads: int = 1, rank: int = 0, device: str = "cpu"):
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
         torch.set_num_threads(num_threads)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).eval()
         self.pad_id = self.model.config.pad_token_id
         self.eos_id = self.model.config.eos_token_id
         self.version = 0
@@ -46,7 +48,7 @@ class HfGenerationWorkerImpl:
         if not prompts:  # a data-parallel shard can be empty when prompts < workers
             return GenerationOutput([], [], self.version)
         torch.manual_seed(params.seed * 1_000_003 + self.calls * 101 + self.rank)
-        ids, mask = self._left_pad(prompts)
+        ids, mask = (t.to(self.device) for t in self._left_pad(prompts))
         sampling: dict[str, Any] = (
             {"do_sample": False}
             if params.greedy

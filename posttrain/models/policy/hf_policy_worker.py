@@ -43,7 +43,8 @@ class HfPolicyWorkerImpl:
         model_path: Hugging Face model directory.
         cfg: a ``PolicyConfig`` as a dict (lr, weight_decay, max_grad_norm,
             train_global_batch_size, train_micro_batch_size, logprob_batch_size,
-            num_threads, temperature).
+            num_threads, temperature, and optionally ``device``: "cpu" (default) or "cuda"
+            — the Ray actor of a GPU bundle sees its GPU as ``cuda:0``).
         seed: torch seed.
         rank: rank in the worker group.
     """
@@ -56,7 +57,8 @@ class HfPolicyWorkerImpl:
         torch.set_num_threads(cfg["num_threads"])
         torch.manual_seed(seed + rank)
         self.cfg = cfg
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.device = torch.device(cfg.get("device", "cpu"))
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         self.model.train()
         # The KL penalty is measured against the policy as it was at the start of training.
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -80,12 +82,12 @@ class HfPolicyWorkerImpl:
         model.eval()
         chunks = []
         for start in range(0, len(batch), self.cfg["logprob_batch_size"]):
-            mb = batch.select(slice(start, start + self.cfg["logprob_batch_size"]))
+            mb = batch.select(slice(start, start + self.cfg["logprob_batch_size"])).to(self.device)
             logits = self._forward_logits(model, mb)
             chunks.append(compute_logprobs(logits, mb.input_ids, mb.prompt_lens, mb.completion_mask.shape[1],
                                            self.cfg["temperature"]))
         model.train(was_training)
-        return torch.cat(chunks)
+        return torch.cat(chunks).cpu()
 
     def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
         """Optimizer steps over ``batch`` in global batches of ``train_global_batch_size`` rows,
@@ -106,6 +108,8 @@ class HfPolicyWorkerImpl:
         lr = self.scheduler.get_last_lr()[0]  # the lr of this call's first optimizer step
         steps: list[Metrics] = []
         skipped = 0
+        batch = batch.to(self.device)
+        extra = {k: v.to(self.device) for k, v in extra.items()}
         for g_start in range(0, len(batch), gbs):
             rows = slice(g_start, g_start + gbs)
             num_tokens = max(batch.completion_mask[rows].sum().item(), 1.0)
