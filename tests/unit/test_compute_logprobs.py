@@ -237,3 +237,26 @@ def test_masked_mean_gradient_is_mask_over_count() -> None:
     mask = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
     masked_mean(values, mask).backward()
     torch.testing.assert_close(values.grad, mask / 3)
+
+
+def test_a_grpo_batch_from_make_batch_matches_the_hand_computation() -> None:
+    """16 prompts x 8 completions of 1-4 tokens, padded by ``make_batch``: every unmasked
+    logprob equals the loop reference, and the mask covers exactly the completion tokens."""
+    from posttrain.data.batch import make_batch
+
+    gen = torch.Generator().manual_seed(6)
+    vocab = 17
+    prompts = [torch.randint(1, vocab, (int(torch.randint(4, 9, (1,), generator=gen)),), generator=gen).tolist()
+               for _ in range(16) for _ in range(8)]
+    completions = [torch.randint(1, vocab, (int(torch.randint(1, 5, (1,), generator=gen)),), generator=gen).tolist()
+                   for _ in range(128)]
+    batch = make_batch(prompts, completions, pad_id=0)
+    logits = torch.randn(128, batch.input_ids.shape[1], vocab, generator=gen) * 4
+    got = compute_logprobs(logits, batch.input_ids, batch.prompt_lens, batch.completion_mask.shape[1])
+    ref = _reference_logprobs(logits, batch.input_ids, batch.prompt_lens, batch.completion_mask.shape[1])
+    mask = batch.completion_mask.bool()
+    assert mask.sum().item() == sum(len(c) for c in completions)
+    torch.testing.assert_close(got[mask], ref[mask])
+    for b, c in enumerate(completions):  # the scored tokens are the completion's own tokens
+        p = int(batch.prompt_lens[b])
+        assert batch.input_ids[b, p : p + len(c)].tolist() == c

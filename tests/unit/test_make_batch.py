@@ -238,3 +238,22 @@ def test_select_returns_the_right_rows() -> None:
     assert torch.equal(sliced.input_ids, batch.input_ids[1:3])
     assert torch.equal(sliced.completion_mask, batch.completion_mask[1:3])
     assert sliced.completion_lens.tolist() == [4, 3]
+
+
+def test_a_bucket_no_row_needs_is_skipped_not_used() -> None:
+    """Rows of 3 and 20 tokens: the 8- and 16-buckets stay empty, the batch takes 32."""
+    prompts, completions = [[3, 4], [5] * 18], [[6], [7, 8]]
+    batch = make_batch(prompts, completions, PAD, SEQ_BUCKETS, COMP_BUCKETS)
+    _check(batch, prompts, completions, 32, 2)
+
+
+def test_padding_mask_counts_exactly_the_real_tokens_when_clamped() -> None:
+    prompts = [[3] * 30, [4] * 5, [5]]
+    completions = [[6] * 7, [7] * 4, []]  # row 0 clamps to 2 completion tokens
+    batch = make_batch(prompts, completions, PAD, SEQ_BUCKETS, COMP_BUCKETS)
+    assert batch.completion_lens.tolist() == [2, 4, 0]
+    assert batch.attention_mask.sum(1).tolist() == [32, 9, 1]
+    assert batch.completion_mask.sum(1).tolist() == [2.0, 4.0, 0.0]
+    # the mask is a prefix of ones: no hole, no token past the completion
+    for b, n in enumerate(batch.completion_lens.tolist()):
+        assert batch.completion_mask[b, :n].eq(1).all() and batch.completion_mask[b, n:].eq(0).all()

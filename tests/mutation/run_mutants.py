@@ -1,0 +1,219 @@
+"""Mutation check: does the fast test suite catch each silently broken variant of posttrain?
+
+    uv run --group test python tests/mutation/run_mutants.py [--only NAME ...] [--list] [--no-baseline]
+
+For each mutant of ``catalogue.py`` the library is patched in a temporary copy of the
+repository (sources and tests, not ``.venv``), and pytest runs there with ``-x`` on the
+fast tiers (unit + integration, not ``slow``): first the tests the catalogue names, then,
+if they all pass, the whole fast tier. The copy goes first on ``PYTHONPATH``, which Ray
+workers inherit from the driver; a preflight proves a Ray worker imports ``posttrain``
+from the copy (most of the training code runs in Ray workers, so patching the driver
+alone would prove nothing). A baseline run of the named tests on the unpatched copy makes
+sure a "caught" means the mutant, not a test that fails anyway.
+
+Prints a table (mutant, caught, by which test, seconds). Exit status: 0 every mutant
+caught; 1 a mutant survived; 2 usage error, an anchor not found exactly once, a failing
+baseline, a preflight failure, or a pytest run that errored (collection/internal error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from catalogue import MUTANTS, Mutant  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+COPIED = ("posttrain", "tests", "examples", "pyproject.toml")
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "logs", "unit_results*.json")
+FAST_TIER = ("tests/unit", "tests/integration")
+MARKER = "not slow and not nightly and not mcore and not vllm and not hf_gated"
+PYTEST_TIMEOUT_S = 1800
+
+
+class MutationError(Exception):
+    """A mutant or a run the check cannot judge (exit 2)."""
+
+
+@dataclass
+class Outcome:
+    name: str
+    caught: bool
+    by: str
+    seconds: float
+
+
+def copy_repo(dest: Path) -> None:
+    for name in COPIED:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=IGNORED)
+        else:
+            shutil.copy2(src, dest / name)
+    functional = dest / "tests" / "functional"  # work dirs of functional runs: large, unused here
+    for child in functional.iterdir() if functional.is_dir() else ():
+        if child.is_dir():
+            shutil.rmtree(child)
+
+
+def mutated_text(original: str, mutant: Mutant) -> str:
+    """``original`` with every replacement applied.
+
+    Raises:
+        MutationError: an anchor occurs zero or several times (the catalogue is stale).
+    """
+    text = original
+    for old, new in mutant.replacements:
+        count = text.count(old)
+        if count != 1:
+            raise MutationError(f"mutant {mutant.name}: anchor {old!r} found {count} times in {mutant.path} "
+                                "(expected exactly once): update tests/mutation/catalogue.py")
+        text = text.replace(old, new)
+    return text
+
+
+def check_anchors(mutants: tuple[Mutant, ...]) -> None:
+    for mutant in mutants:
+        mutated_text((REPO / mutant.path).read_text(), mutant)
+
+
+def environment(copy: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(copy), str(copy / "tests"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
+    env.pop("RAY_ADDRESS", None)  # a private local cluster per run: never a shared one
+    return env
+
+
+PREFLIGHT = """
+import posttrain, ray
+from posttrain.distributed.ray_cluster import init_ray
+init_ray(num_cpus=1)
+where = ray.get(ray.remote(lambda: __import__("posttrain").__file__).remote())
+ray.shutdown()
+print("DRIVER", posttrain.__file__)
+print("WORKER", where)
+"""
+
+
+def preflight(copy: Path) -> None:
+    """Prove that the driver and a Ray worker both import ``posttrain`` from ``copy``."""
+    out = subprocess.run([sys.executable, "-c", PREFLIGHT], cwd=copy, env=environment(copy), capture_output=True,
+                         text=True, timeout=600)
+    paths = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("DRIVER ", "WORKER ")))
+    for role in ("DRIVER", "WORKER"):
+        if not paths.get(role, "").startswith(str(copy)):
+            raise MutationError(f"preflight: the {role.lower()} imports posttrain from {paths.get(role)!r}, "
+                                f"not from the mutated copy {copy}\n{out.stderr[-2000:]}")
+
+
+def run_pytest(copy: Path, targets: list[str]) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", MARKER, "-rfE", *targets]
+    out = subprocess.run(cmd, cwd=copy, env=environment(copy), capture_output=True, text=True,
+                         timeout=PYTEST_TIMEOUT_S)
+    return out.returncode, out.stdout + out.stderr
+
+
+def first_failure(output: str) -> str:
+    match = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
+    return match.group(1) if match else "?"
+
+
+def judge(copy: Path, mutant: Mutant) -> Outcome:
+    """Apply ``mutant`` to ``copy``, run the tests, restore the file."""
+    target = copy / mutant.path
+    original = target.read_text()
+    target.write_text(mutated_text(original, mutant))
+    start = time.perf_counter()
+    try:
+        for targets in ([*mutant.first], list(FAST_TIER)) if mutant.first else (list(FAST_TIER),):
+            code, output = run_pytest(copy, targets)
+            if code == 1:
+                return Outcome(mutant.name, True, first_failure(output), time.perf_counter() - start)
+            if code != 0:
+                raise MutationError(f"mutant {mutant.name}: pytest exited {code} on {targets}:\n{output[-3000:]}")
+        return Outcome(mutant.name, False, "-", time.perf_counter() - start)
+    finally:
+        target.write_text(original)
+
+
+def baseline(copy: Path, mutants: tuple[Mutant, ...]) -> None:
+    """The tests named as catchers must pass on the unpatched copy."""
+    targets = sorted({t for m in mutants for t in m.first})
+    if not targets:
+        return
+    code, output = run_pytest(copy, targets)
+    if code != 0:
+        raise MutationError(f"baseline: the named tests fail without any mutant (pytest exit {code}); "
+                            f"fix the suite first:\n{output[-3000:]}")
+
+
+def print_table(console: Console, outcomes: list[Outcome], total: float) -> None:
+    table = Table(title="Mutation check")
+    for column in ("Mutant", "Caught", "By test", "Seconds"):
+        table.add_column(column)
+    for o in outcomes:
+        table.add_row(o.name, "yes" if o.caught else "[bold red]NO[/]", o.by, f"{o.seconds:.1f}")
+    console.print(table)
+    caught = sum(o.caught for o in outcomes)
+    console.print(f"{caught} of {len(outcomes)} mutants caught in {total:.0f} s")
+
+
+def select(only: list[str] | None) -> tuple[Mutant, ...]:
+    if not only:
+        return MUTANTS
+    names = {m.name for m in MUTANTS}
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        raise MutationError(f"unknown mutant(s) {unknown}: see --list")
+    return tuple(m for m in MUTANTS if m.name in only)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the fast test tiers against each mutant of posttrain.")
+    parser.add_argument("--only", action="append", metavar="NAME", help="run only this mutant (repeatable)")
+    parser.add_argument("--list", action="store_true", help="list the catalogue and exit")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the baseline run of the named tests")
+    args = parser.parse_args(argv)
+    console = Console()
+    try:
+        mutants = select(args.only)
+        if args.list:
+            for m in mutants:
+                console.print(f"{m.name:34} {m.path:48} {m.description}", highlight=False)
+            return 0
+        check_anchors(mutants)
+        start = time.perf_counter()
+        outcomes = []
+        with tempfile.TemporaryDirectory(prefix="posttrain-mutants-") as tmp:
+            copy = Path(tmp)
+            copy_repo(copy)
+            preflight(copy)
+            if not args.no_baseline:
+                baseline(copy, mutants)
+            for mutant in mutants:
+                outcome = judge(copy, mutant)
+                console.print(f"{mutant.name}: {'caught by ' + outcome.by if outcome.caught else 'SURVIVED'} "
+                              f"({outcome.seconds:.0f} s)", highlight=False)
+                outcomes.append(outcome)
+        print_table(console, outcomes, time.perf_counter() - start)
+    except MutationError as exc:
+        console.print(f"run_mutants: {exc}", highlight=False, markup=False)
+        return 2
+    return 0 if all(o.caught for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
