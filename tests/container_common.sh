@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by tests/run_unit_in_docker.sh and tests/run_functional_in_docker.sh (source it):
 #   container_run <command...>   runs <command> in $CONTAINER with the repository mounted as its
 #                                working directory; the container's exit status is the caller's.

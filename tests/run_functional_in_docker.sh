@@ -5,6 +5,7 @@
 # Arguments after the script go to it; the exit status is the container's. Outputs land in
 # tests/functional/<name>/ of this checkout. Options: tests/container_common.sh.
 set -euo pipefail
+# shellcheck source=tests/container_common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/container_common.sh"
 [ $# -gt 0 ] || container_die "usage: $0 tests/functional/<script>.sh [args...]"
 script=$(realpath -m --relative-to="$CONTAINER_REPO" "$1")
