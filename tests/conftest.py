@@ -1,13 +1,23 @@
-"""Fixtures shared by every test tier (unit, integration, nightly)."""
+"""Fixtures shared by every test tier (unit, integration, nightly), and the harness plugin.
+
+The harness (``tests/harness``): the ``tracker`` fixture, ``gpu(n)`` skips, the Ray leak
+check, unit_results.json; see docs/testing.md. ``pytester`` drives the harness's own tests.
+"""
 
 from __future__ import annotations
 
 import pytest
 
+pytest_plugins = ["harness.plugin", "pytester"]
+
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray cluster (2 CPUs) for the whole session; tests place workers on it."""
+    """A local Ray cluster (2 CPUs) for the whole session, started by the first test that asks.
+
+    Tests that do not ask never import Ray. Actors and placement groups a test leaves alive
+    make it error (``harness.ray_leaks``); hold shared ones in a module-scoped fixture.
+    """
     import ray
 
     from posttrain.distributed.ray_cluster import init_ray
@@ -18,8 +28,8 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
-def tiny_model_path(tmp_path_factory) -> str:
-    """The default tiny model (arithmetic charset), built once per session."""
-    from posttrain.models.tiny import TinyModelConfig, build_tiny_model
+def tiny_model_path() -> str:
+    """The default tiny model (arithmetic charset), built into the cache once (prepare_unit_test_assets)."""
+    from unit.prepare_unit_test_assets import tiny_model_path as prepared
 
-    return str(build_tiny_model(TinyModelConfig(), tmp_path_factory.mktemp("cache")))
+    return str(prepared())

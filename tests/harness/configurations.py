@@ -1,0 +1,216 @@
+"""run_unit.sh's configurations: the table in ``tests/configurations.toml`` and the plan it gives.
+
+:func:`make_plan` turns run_unit.sh's arguments into pytest's (or a usage error, or the
+``uv run --extra ...`` line to use when the configuration's extra is missing). It is a pure
+function of the arguments, the GPU count and what is importable, tested without a shell.
+
+Command line (what run_unit.sh calls)::
+
+    python tests/harness/configurations.py plan -- ARGS...   # pytest args, NUL-separated, on stdout
+    python tests/harness/configurations.py --markdown        # the table of docs/testing.md
+
+``plan`` exits 2 with one message line on stderr for a usage error or a missing extra.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+import sys
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+TABLE_PATH = Path(__file__).resolve().parent.parent / "configurations.toml"
+# Always on in run_unit.sh: CI logs show the slowest tests, and a run that ran nothing fails.
+FIXED_PYTEST_ARGS = ("--durations=10", "--fail-on-nothing-ran")
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One row: ``flag`` picks it, ``select`` is its marker expression, ``package`` comes from ``extra``."""
+
+    name: str
+    flag: str
+    select: str
+    extra: str
+    package: str
+    help: str
+    extra_gpu: str = ""
+
+    def extra_for(self, num_gpus: int) -> str:
+        """The uv extra to install on a machine with ``num_gpus`` GPUs ("" = none)."""
+        return self.extra_gpu if num_gpus > 0 and self.extra_gpu else self.extra
+
+
+@dataclass(frozen=True)
+class Modifier:
+    """A combinable flag: tests with ``marker`` are left out unless ``flag`` is given."""
+
+    name: str
+    flag: str
+    marker: str
+    help: str
+
+
+@dataclass(frozen=True)
+class Table:
+    configurations: tuple[Configuration, ...]
+    modifiers: tuple[Modifier, ...]
+
+    @property
+    def default(self) -> Configuration:
+        return next(c for c in self.configurations if not c.flag)
+
+    def flag_for_marker(self, marker: str) -> str | None:
+        """The flag that runs tests carrying ``marker`` (None if no row names it)."""
+        for m in self.modifiers:
+            if m.marker == marker:
+                return m.flag
+        for c in self.configurations:
+            if c.flag and c.select == marker:
+                return c.flag
+        return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What run_unit.sh runs: ``pytest_args`` for the chosen configuration."""
+
+    configuration: Configuration
+    modifiers: tuple[Modifier, ...]
+    marker_expr: str | None  # None: the user's own -m replaced it
+    pytest_args: tuple[str, ...]
+
+
+class PlanError(Exception):
+    """Usage error or missing extra: run_unit.sh prints the message and exits 2."""
+
+
+def load_table(path: Path = TABLE_PATH) -> Table:
+    """Read the configuration table.
+
+    Raises:
+        PlanError: the file is missing, not TOML, has no default row, or a row lacks a field.
+    """
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        table = Table(tuple(Configuration(**row) for row in raw["configuration"]),
+                      tuple(Modifier(**row) for row in raw.get("modifier", [])))
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as e:
+        raise PlanError(f"bad configuration table {path}: {e}") from e
+    if sum(not c.flag for c in table.configurations) != 1:
+        raise PlanError(f"bad configuration table {path}: exactly one row must have flag = \"\" (the default)")
+    return table
+
+
+def marker_expression(configuration: Configuration, modifiers_on: Sequence[Modifier], table: Table) -> str:
+    """``(select) and not <marker>`` for every modifier not switched on."""
+    on = {m.flag for m in modifiers_on}
+    return " and ".join([f"({configuration.select})"] + [f"not {m.marker}" for m in table.modifiers if m.flag not in on])
+
+
+def is_importable(package: str) -> bool:
+    """Whether ``import package`` would find it (a dotted name finds its parent first)."""
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def make_plan(argv: Sequence[str], num_gpus: int, table: Table,
+              importable: Callable[[str], bool] = is_importable) -> Plan:
+    """Pick the configuration from run_unit.sh's ``argv`` and build pytest's arguments.
+
+    A user's ``-m EXPR`` replaces the configuration's marker filter; every argument that is
+    not a configuration flag goes to pytest unchanged, in order.
+
+    Raises:
+        PlanError: two ``-only`` flags, ``-m`` without an expression, or the configuration's
+            package not importable (the message holds the exact ``uv run --extra`` line).
+    """
+    by_flag = {c.flag: c for c in table.configurations if c.flag}
+    modifier_flags = {m.flag: m for m in table.modifiers}
+    chosen: Configuration | None = None
+    modifiers: list[Modifier] = []
+    passthrough: list[str] = []
+    user_marker = False
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg in by_flag:
+            if chosen is not None and chosen.flag != arg:
+                raise PlanError(f"{chosen.flag} and {arg} cannot be combined: pick one configuration")
+            chosen = by_flag[arg]
+        elif arg in modifier_flags:
+            modifiers.append(modifier_flags[arg])
+        elif arg == "-m":
+            if not args:
+                raise PlanError("-m needs a marker expression, e.g. -m 'slow and not gpu'")
+            user_marker = True
+            passthrough += [arg, args.pop(0)]
+        else:
+            user_marker = user_marker or (arg.startswith("-m") and not arg.startswith("--"))
+            passthrough.append(arg)
+    configuration = chosen or table.default
+    _check_extra(configuration, num_gpus, argv, importable)
+    expr = None if user_marker else marker_expression(configuration, modifiers, table)
+    marker_args = () if expr is None else ("-m", expr)
+    return Plan(configuration, tuple(modifiers), expr, (*marker_args, *FIXED_PYTEST_ARGS, *passthrough))
+
+
+def _check_extra(configuration: Configuration, num_gpus: int, argv: Sequence[str],
+                 importable: Callable[[str], bool]) -> None:
+    if not configuration.package or importable(configuration.package):
+        return
+    extra = configuration.extra_for(num_gpus)
+    command = shlex.join(["uv", "run", "--extra", extra, "--group", "test", "bash", "tests/run_unit.sh", *argv])
+    raise PlanError(f"the {configuration.name} configuration needs the uv extra '{extra}' "
+                    f"({configuration.package} is not importable); run:\n  {command}")
+
+
+def render_markdown(table: Table) -> str:
+    """The configurations table of docs/testing.md (the docs test compares it verbatim)."""
+    rows = ["| flag | runs tests matching | uv extra | package checked first |", "|---|---|---|---|"]
+    for c in table.configurations:
+        extra = f"`{c.extra}`" if c.extra else "-"
+        if c.extra_gpu:
+            extra += f" (`{c.extra_gpu}` with GPUs)"
+        flag = f"`{c.flag}`" if c.flag else "(none: default)"
+        rows.append(f"| {flag} | `{c.select}` | {extra} | {f'`{c.package}`' if c.package else '-'} |")
+    for m in table.modifiers:
+        rows.append(f"| `{m.flag}` (combines with any) | also `{m.marker}` tests, left out otherwise | - | - |")
+    return "\n".join(rows)
+
+
+def describe(plan: Plan, num_gpus: int) -> str:
+    """One line for the log: configuration, marker filter, GPUs."""
+    name = plan.configuration.name + "".join(f" +{m.name}" for m in plan.modifiers)
+    marker = f"-m '{plan.marker_expr}'" if plan.marker_expr else "your own -m"
+    return f"run_unit.sh: configuration {name}, {marker}, {num_gpus} GPU(s)"
+
+
+def main(argv: Sequence[str]) -> int:
+    if list(argv[:1]) == ["--markdown"]:
+        print(render_markdown(load_table()))
+        return 0
+    if list(argv[:2]) != ["plan", "--"]:
+        print("usage: configurations.py plan -- ARGS... | --markdown", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from harness.machine import count_gpus
+
+    try:
+        num_gpus = count_gpus()
+        plan = make_plan(argv[2:], num_gpus, load_table())
+    except (PlanError, ValueError) as e:
+        print(f"run_unit.sh: {e}", file=sys.stderr)
+        return 2
+    print(describe(plan, num_gpus), file=sys.stderr)
+    sys.stdout.write("".join(arg + "\0" for arg in plan.pytest_args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

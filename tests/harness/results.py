@@ -1,0 +1,77 @@
+"""``tests/unit/unit_results.json``: what ran, when, on what, how long and how much memory.
+
+Schema (docs/testing.md shows an example)::
+
+    exit_status  int    pytest's exit status of the session
+    git_commit   str    ``git rev-parse HEAD`` ("-dirty" appended with uncommitted changes; "unknown" outside git)
+    start_time   str    session start, ISO 8601 UTC (``2026-11-21T02:10:45Z``)
+    metrics      dict   {test node id (``path::test[param]``): {name: value, "_elapsed": seconds of the call phase}}
+    gpu_types    list   one name per local GPU (``nvidia-smi -L``); [] without GPUs
+    cpu_model    str    ``/proc/cpuinfo`` model name
+    coverage     float | str   total percent with ``--cov`` (Ray workers included), else "n/a (run without --cov)"
+
+A copy goes to ``tests/unit/unit_results/<start time>.json`` for ``tests/unit_results_trend.py``.
+``$POSTTRAIN_UNIT_RESULTS_DIR`` moves both (the harness's own tests use it for their inner runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from harness.machine import cpu_model, gpu_names
+
+RESULTS_DIR_ENV = "POSTTRAIN_UNIT_RESULTS_DIR"
+NO_COVERAGE = "n/a (run without --cov)"
+
+
+def results_dir(rootdir: Path) -> Path:
+    """``$POSTTRAIN_UNIT_RESULTS_DIR`` or ``<rootdir>/tests/unit``."""
+    return Path(os.environ.get(RESULTS_DIR_ENV) or rootdir / "tests" / "unit")
+
+
+def git_commit(rootdir: Path) -> str:
+    """HEAD's hash, with "-dirty" when tracked files changed; "unknown" without git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=rootdir, capture_output=True, text=True, check=True,
+                              timeout=30).stdout.strip()
+    try:
+        commit = git("rev-parse", "HEAD")
+        return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def build(exit_status: int, start: datetime, metrics: dict[str, dict[str, Any]], coverage: float | None,
+          rootdir: Path) -> dict[str, Any]:
+    """The unit_results.json document (see the module doc for the schema)."""
+    return {
+        "exit_status": int(exit_status),
+        "git_commit": git_commit(rootdir),
+        "start_time": start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "metrics": metrics,
+        "gpu_types": gpu_names(),
+        "cpu_model": cpu_model(),
+        "coverage": round(coverage, 2) if coverage is not None else NO_COVERAGE,
+    }
+
+
+def write(results: dict[str, Any], directory: Path) -> tuple[Path, Path]:
+    """Write ``unit_results.json`` and its archive copy; returns both paths."""
+    archive = directory / "unit_results"
+    archive.mkdir(parents=True, exist_ok=True)
+    stamp = results["start_time"].replace(":", "").replace("-", "")
+    copy = archive / f"{stamp}.json"
+    if copy.exists():  # two sessions started in the same second
+        copy = archive / f"{stamp}-{os.getpid()}.json"
+    text = json.dumps(results, indent=2, sort_keys=True) + "\n"
+    latest = directory / "unit_results.json"
+    for path in (latest, copy):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)  # readers never see half a file
+    return latest, copy

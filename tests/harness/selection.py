@@ -1,0 +1,87 @@
+"""Which tests run: ``gpu(n)`` skips, the deselection report, and "nothing ran" as a failure."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+import pytest
+
+from harness.configurations import PlanError, Table, load_table
+
+NOTHING_RAN = pytest.ExitCode.NO_TESTS_COLLECTED  # 5: the same status as "no test selected"
+
+
+def gpu_skip_reason(item: pytest.Item, num_gpus: int) -> str | None:
+    """"needs n GPUs, found m" when the test's ``gpu(n)`` asks for more than the machine has.
+
+    Raises:
+        pytest.UsageError: ``gpu`` marker without exactly one positive integer (names the test).
+    """
+    marker = item.get_closest_marker("gpu")
+    if marker is None:
+        return None
+    if len(marker.args) != 1 or not isinstance(marker.args[0], int) or marker.args[0] < 1 or marker.kwargs:
+        raise pytest.UsageError(f"{item.nodeid}: gpu marker needs one positive integer, e.g. gpu(1); "
+                                f"got gpu{marker.args!r}")
+    needed = marker.args[0]
+    return f"needs {needed} GPUs, found {num_gpus}" if needed > num_gpus else None
+
+
+def deselection_summary(items: Iterable[pytest.Item], table: Table) -> list[str]:
+    """One line per reason: how many deselected tests carry each configuration marker, and the flag that runs them."""
+    markers = [m.marker for m in table.modifiers] + [c.select for c in table.configurations if c.flag]
+    counts: Counter[str] = Counter()
+    for item in items:
+        own = [m for m in markers if item.get_closest_marker(m)]
+        counts[", ".join(own) or "other (your -m / -k)"] += 1
+    lines = []
+    for reason, n in sorted(counts.items()):
+        flags = [table.flag_for_marker(m) for m in reason.split(", ")]
+        hint = f" (run with {' '.join(f for f in flags if f)})" if all(flags) else ""
+        lines.append(f"{n} deselected: marked {reason}{hint}" if hint else f"{n} deselected: {reason}")
+    return lines
+
+
+class Selection:
+    """pytest hooks for selection; ``num_gpus`` comes from ``harness.machine.count_gpus``."""
+
+    def __init__(self, num_gpus: int, fail_on_nothing_ran: bool):
+        self.num_gpus = num_gpus
+        self.fail_on_nothing_ran = fail_on_nothing_ran
+        self.deselected: list[pytest.Item] = []
+        self.ran = 0
+        self.nothing_ran = False
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            reason = gpu_skip_reason(item, self.num_gpus)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        self.deselected.extend(items)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            self.ran += 1
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.fail_on_nothing_ran and exitstatus in (pytest.ExitCode.OK, NOTHING_RAN) and self.ran == 0:
+            session.exitstatus = NOTHING_RAN
+            self.nothing_ran = True
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.deselected:
+            try:
+                lines = deselection_summary(self.deselected, load_table())
+            except PlanError as e:
+                lines = [str(e)]
+            terminalreporter.section("deselected by the configuration", sep="-")
+            for line in lines:
+                terminalreporter.write_line(line)
+        if self.nothing_ran:
+            terminalreporter.write_line("nothing was tested: no test selected, or every selected test skipped (exit 5)",
+                                        red=True)
