@@ -17,10 +17,13 @@ import shutil
 import string
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 PAD, EOS = "<pad>", "<eos>"
 # Bump when the way a tokenizer or model is built changes: it invalidates cached builds.
@@ -111,13 +114,18 @@ def build_tokenizer(charset: str):
         for b in range(256):
             vocab.setdefault(alphabet[b], len(vocab))
     tokenizer = Qwen2Tokenizer(
-        vocab=vocab, merges=[], unk_token=None, eos_token=EOS, pad_token=PAD, padding_side="right"
+        vocab=vocab,
+        merges=[],
+        unk_token=None,  # type: ignore[arg-type]  # every character has a token; transformers types it str
+        eos_token=EOS,
+        pad_token=PAD,
+        padding_side="right",
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 
-def build_model(cfg: TinyModelConfig, vocab_size: int, pad_id: int, eos_id: int) -> torch.nn.Module:
+def build_model(cfg: TinyModelConfig, vocab_size: int, pad_id: int, eos_id: int) -> PreTrainedModel:
     """Build a randomly initialized ``Qwen2ForCausalLM`` from ``cfg.seed`` (fp32, CPU)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
