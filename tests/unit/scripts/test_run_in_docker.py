@@ -113,6 +113,16 @@ def gpu_flags(argv: list[str]) -> list[str]:
     return [a for a in argv if a.startswith(("--gpus", "--device"))]
 
 
+def test_gsm8k_is_mounted_read_only_only_when_present(stub_bin, tmp_path):
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    _, argv = run(UNIT, [], stub_bin, tmp_path, POSTTRAIN_GSM8K_DIR=str(data))
+    assert f"--volume={data}:/opt/shared/data/gsm8k:ro" in argv
+    assert "--env=POSTTRAIN_GSM8K_DIR=/opt/shared/data/gsm8k" in argv
+    _, argv = run(UNIT, [], stub_bin, tmp_path, POSTTRAIN_GSM8K_DIR=str(tmp_path / "missing"))
+    assert not [a for a in argv if "/opt/shared/data/gsm8k" in a], argv
+
+
 @pytest.mark.parametrize("engine, gpu_flag", [("docker", "--gpus=all"), ("podman", "--device=nvidia.com/gpu=all")])
 def test_gpu_flags_only_when_the_host_has_gpus(stub_bin, tmp_path, engine, gpu_flag):
     _, argv = run(UNIT, [], stub_bin, tmp_path, CONTAINER_ENGINE=engine)
