@@ -107,11 +107,17 @@ def test_first_update_reads_the_loss_and_ratio_at_one(tiny_model_path, chat) -> 
 
 
 def test_loss_and_gradients_stay_finite(tiny_model_path, chat) -> None:
+    """Extreme advantages, and garbage under the mask (padded engine logprobs can be anything)."""
     policy = make_policy(tiny_model_path, lr=1e-2)
     batch = group_batch(chat, ["46", "4", "99999", "1"])
     advantages = torch.tensor([1e4, -1e4, 3.0, -3.0])  # extreme, as a near-zero-std group gives
+    padding = batch.completion_mask == 0
+    assert padding.any()
     for _ in range(5):
-        metrics = grpo_step(policy, batch, advantages, ClippedPGLoss(kl_coef=0.5))
+        old = policy.get_logprobs(batch).masked_fill(padding, -1e4)
+        extra = {"advantages": advantages, "old_logprobs": old,
+                 "ref_logprobs": policy.get_logprobs(batch, reference=True).masked_fill(padding, 1e4)}
+        metrics = policy.train(batch, extra, ClippedPGLoss(kl_coef=0.5))
         for key in ("loss", "kl", "grad_norm", "entropy", "probs_ratio_min", "probs_ratio_max"):
             assert math.isfinite(metrics[key]), (key, metrics)
         assert metrics["grad_norm"] > 0

@@ -108,10 +108,16 @@ print("WORKER", where)
 """
 
 
-def preflight(copy: Path) -> None:
-    """Prove that the driver and a Ray worker both import ``posttrain`` from ``copy``."""
-    out = subprocess.run([sys.executable, "-c", PREFLIGHT], cwd=copy, env=environment(copy), capture_output=True,
-                         text=True, timeout=600)
+def preflight(copy: Path, attempts: int = 3) -> None:
+    """Prove that the driver and a Ray worker both import ``posttrain`` from ``copy``.
+
+    Retried: on an overloaded machine Ray's own startup can time out.
+    """
+    for _ in range(attempts):
+        out = subprocess.run([sys.executable, "-c", PREFLIGHT], cwd=copy, env=environment(copy),
+                             capture_output=True, text=True, timeout=600)
+        if out.returncode == 0:
+            break
     paths = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("DRIVER ", "WORKER ")))
     for role in ("DRIVER", "WORKER"):
         if not paths.get(role, "").startswith(str(copy)):
@@ -119,11 +125,20 @@ def preflight(copy: Path) -> None:
                                 f"not from the mutated copy {copy}\n{out.stderr[-2000:]}")
 
 
-def run_pytest(copy: Path, targets: list[str]) -> tuple[int, str]:
+# Ray's own startup gives up after a fixed 30 s on an overloaded machine: such a failure says
+# nothing about the mutant, so the run is repeated rather than counted as a catch.
+INFRA_FAILURES = ("The current node timed out during startup",)
+
+
+def run_pytest(copy: Path, targets: list[str], attempts: int = 3) -> tuple[int, str]:
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", MARKER, "-rfE", *targets]
-    out = subprocess.run(cmd, cwd=copy, env=environment(copy), capture_output=True, text=True,
-                         timeout=PYTEST_TIMEOUT_S)
-    return out.returncode, out.stdout + out.stderr
+    for _ in range(attempts):
+        out = subprocess.run(cmd, cwd=copy, env=environment(copy), capture_output=True, text=True,
+                             timeout=PYTEST_TIMEOUT_S)
+        output = out.stdout + out.stderr
+        if not any(marker in output for marker in INFRA_FAILURES):
+            break
+    return out.returncode, output
 
 
 def first_failure(output: str) -> str:
@@ -187,12 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the catalogue and exit")
     parser.add_argument("--no-baseline", action="store_true", help="skip the baseline run of the named tests")
     args = parser.parse_args(argv)
-    console = Console()
+    console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)  # logs keep whole rows
     try:
         mutants = select(args.only)
         if args.list:
+            table = Table("Mutant", "File", "Silent failure", title="Mutant catalogue")
             for m in mutants:
-                console.print(f"{m.name:34} {m.path:48} {m.description}", highlight=False)
+                table.add_row(m.name, m.path.removeprefix("posttrain/"), m.description)
+            console.print(table)
             return 0
         check_anchors(mutants)
         start = time.perf_counter()

@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.nightly, pytest.mark.gpu(1),
 GPU = ["cluster.gpus_per_worker=0.5", "cluster.cpus_per_worker=0.5", "generation.backend=hf"]
 
 
-@pytest.fixture(scope="module")
+# Class scope: the workers (1 GPU between them) are released before the GRPO run below needs it.
+@pytest.fixture(scope="class")
 def runtime(ray_cluster, tiny_model_path):
     rt = setup_runtime(ModelConfig(path=tiny_model_path), PolicyConfig(lr=1e-2), GenerationConfig(backend="hf"),
                        ClusterConfig(cpus_per_worker=0.5, gpus_per_worker=0.5), seed=0)
@@ -47,44 +48,47 @@ def greedy(rt, prompts):
     return rt.generation.generate(prompts, SamplingParams(max_new_tokens=4, greedy=True))
 
 
-def test_one_training_step_completes(runtime) -> None:
-    metrics = runtime.policy.train(memorize_batch(runtime), {}, NLLLoss())
-    assert metrics["num_optimizer_steps"] == 1
-    assert metrics["skipped_optimizer_steps"] == 0
-    assert math.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
-    assert runtime.policy.weight_version == 1
+class TestRuntimeOnOneGpu:
+    """Policy and generation workers sharing one GPU."""
+
+    def test_one_training_step_completes(self, runtime) -> None:
+        metrics = runtime.policy.train(memorize_batch(runtime), {}, NLLLoss())
+        assert metrics["num_optimizer_steps"] == 1
+        assert metrics["skipped_optimizer_steps"] == 0
+        assert math.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
+        assert runtime.policy.weight_version == 1
 
 
-def test_loss_falls_over_a_few_steps(runtime) -> None:
-    batch = memorize_batch(runtime)
-    losses = [runtime.policy.train(batch, {}, NLLLoss())["loss"] for _ in range(10)]
-    print("loss over 10 steps:", [round(v, 3) for v in losses])
-    assert all(math.isfinite(v) for v in losses)
-    assert losses[-1] < 0.5 * losses[0], losses
+    def test_loss_falls_over_a_few_steps(self, runtime) -> None:
+        batch = memorize_batch(runtime)
+        losses = [runtime.policy.train(batch, {}, NLLLoss())["loss"] for _ in range(10)]
+        print("loss over 10 steps:", [round(v, 3) for v in losses])
+        assert all(math.isfinite(v) for v in losses)
+        assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_weight_sync_changes_the_engines_output(runtime) -> None:
-    rt = runtime
-    prompts = [list(rt.chat.prompt(f"{a}+1=")) for a in range(4)]
-    before = greedy(rt, prompts)
-    batch = memorize_batch(rt)
-    for _ in range(60):
-        if rt.policy.train(batch, {}, NLLLoss())["loss"] < 0.05:
-            break
-    assert greedy(rt, prompts).completion_ids == before.completion_ids  # not refit yet: stale engine
-    refit(rt.policy, rt.generation)
-    after = greedy(rt, prompts)
-    assert after.weight_version == rt.policy.weight_version
-    assert after.completion_ids != before.completion_ids
-    assert rt.tokenizer.decode(after.completion_ids[0], skip_special_tokens=True) == "77"
-    # the engine and the trainer score the same sampled tokens alike after the sync
-    out = rt.generation.generate(prompts, SamplingParams(max_new_tokens=4, seed=3))
-    sampled = make_batch(prompts, out.completion_ids, rt.tokenizer.pad_token_id)
-    engine = torch.zeros_like(sampled.completion_mask)
-    for b, lp in enumerate(out.logprobs):
-        engine[b, : len(lp)] = torch.tensor(lp)
-    mask = sampled.completion_mask.bool()
-    assert (engine - rt.policy.get_logprobs(sampled))[mask].abs().max() < 1e-3
+    def test_weight_sync_changes_the_engines_output(self, runtime) -> None:
+        rt = runtime
+        prompts = [list(rt.chat.prompt(f"{a}+1=")) for a in range(4)]
+        before = greedy(rt, prompts)
+        batch = memorize_batch(rt)
+        for _ in range(60):
+            if rt.policy.train(batch, {}, NLLLoss())["loss"] < 0.05:
+                break
+        assert greedy(rt, prompts).completion_ids == before.completion_ids  # not refit yet: stale engine
+        refit(rt.policy, rt.generation)
+        after = greedy(rt, prompts)
+        assert after.weight_version == rt.policy.weight_version
+        assert after.completion_ids != before.completion_ids
+        assert rt.tokenizer.decode(after.completion_ids[0], skip_special_tokens=True) == "77"
+        # the engine and the trainer score the same sampled tokens alike after the sync
+        out = rt.generation.generate(prompts, SamplingParams(max_new_tokens=4, seed=3))
+        sampled = make_batch(prompts, out.completion_ids, rt.tokenizer.pad_token_id)
+        engine = torch.zeros_like(sampled.completion_mask)
+        for b, lp in enumerate(out.logprobs):
+            engine[b, : len(lp)] = torch.tensor(lp)
+        mask = sampled.completion_mask.bool()
+        assert (engine - rt.policy.get_logprobs(sampled))[mask].abs().max() < 1e-3
 
 
 def test_reward_improves_on_arithmetic(ray_cluster, tmp_path) -> None:

@@ -240,10 +240,10 @@ def test_select_returns_the_right_rows() -> None:
     assert sliced.completion_lens.tolist() == [4, 3]
 
 
-def test_a_bucket_no_row_needs_is_skipped_not_used() -> None:
-    """Rows of 3 and 20 tokens: the 8- and 16-buckets stay empty, the batch takes 32."""
+def test_empty_buckets_are_skipped() -> None:
+    """Rows of 3 and 20 tokens: the 8- and 16-buckets stay empty, the batch takes 32 (not 64)."""
     prompts, completions = [[3, 4], [5] * 18], [[6], [7, 8]]
-    batch = make_batch(prompts, completions, PAD, SEQ_BUCKETS, COMP_BUCKETS)
+    batch = make_batch(prompts, completions, PAD, (8, 16, 32, 64), COMP_BUCKETS)
     _check(batch, prompts, completions, 32, 2)
 
 
