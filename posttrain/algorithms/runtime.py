@@ -8,11 +8,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.algorithms.refit_probe import RefitProbe
 from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig, RunConfig
 from posttrain.data.chat import ChatEncoder
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
 from posttrain.errors import ConfigError
-from posttrain.models.generation.hf_generation import HfGeneration
+from posttrain.models.generation.factory import create_generation, num_bundles, resolve_backend
+from posttrain.models.generation.interfaces import Generation
 from posttrain.models.policy.lm_policy import Policy
 from posttrain.models.tiny import build_tiny_model
 from posttrain.utils.logger import MetricsLogger
@@ -22,14 +24,16 @@ from posttrain.utils.timer import Timer
 
 @dataclass
 class Runtime:
-    """The live parts of a run. ``generation`` holds its own weights; :func:`refit` syncs them."""
+    """The live parts of a run. ``generation`` holds its own weights; :func:`refit` syncs them
+    and, when ``probe`` is set, checks them with the weight-sync probe."""
 
     model_path: str
     tokenizer: Any
     cluster: RayVirtualCluster
     policy: Policy
-    generation: HfGeneration
+    generation: Generation
     chat: ChatEncoder
+    probe: RefitProbe | None = None
 
     def resource_metrics(self, timer: Timer, step_start: float) -> dict[str, float]:
         """``timing/<phase>`` and ``timing/step`` (s, since ``step_start``, a ``perf_counter``
@@ -63,23 +67,36 @@ def resolve_model_path(cfg: ModelConfig) -> str:
 
 def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: GenerationConfig,
                   cluster: ClusterConfig, seed: int) -> Runtime:
-    """Start Ray, reserve one bundle per worker, place the policy and generation workers.
+    """Start Ray, reserve the bundles, place the policy and the generation backend.
 
-    The policy worker computes logprobs at the sampling temperature, so the engine's and
-    the trainer's logprobs of the same tokens are comparable.
+    The backend is ``generation.backend`` resolved (``auto``: vLLM when installed). The
+    policy takes bundle 0; colocated vLLM engines share it, other engines take one bundle
+    each. The policy worker computes logprobs at the sampling temperature, so the engine's
+    and the trainer's logprobs of the same tokens are comparable.
+
+    Raises:
+        ConfigError: vLLM asked for and not installed; the cluster cannot hold the bundles.
+        EngineStartError: a vLLM engine did not start.
     """
     from transformers import AutoTokenizer
 
     model_path = resolve_model_path(model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     init_ray(address=cluster.address, num_cpus=cluster.num_cpus, num_gpus=cluster.num_gpus)
-    vc = RayVirtualCluster(1 + generation.num_workers, num_cpus=cluster.cpus_per_worker,
+    backend = resolve_backend(generation.backend)
+    vc = RayVirtualCluster(num_bundles(generation, backend), num_cpus=cluster.cpus_per_worker,
                            num_gpus=cluster.gpus_per_worker)
     worker_cfg = {**policy.model_dump(), "temperature": generation.temperature, "device": cluster.device}
     pol = Policy(vc, model_path, worker_cfg, seed, bundle_index=0)
-    gen = HfGeneration(vc, model_path, list(range(1, 1 + generation.num_workers)), generation.num_threads,
-                       device=cluster.device)
-    return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer))
+    try:
+        gen = create_generation(generation, cluster, vc, model_path, backend, seed)
+    except BaseException:
+        pol.shutdown()
+        vc.shutdown()
+        raise
+    probe = (RefitProbe(generation.refit_probe, tokenizer, generation.temperature)
+             if generation.refit_probe.num_sequences else None)
+    return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer), probe)
 
 
 @contextlib.contextmanager
@@ -102,15 +119,26 @@ def open_run(cfg: RunConfig, seed: int) -> Iterator[tuple[Runtime, MetricsLogger
         rt.shutdown()
 
 
-def refit(policy: Policy, generation: HfGeneration) -> None:
-    """Copy the policy's weights into the generation engine and check the versions agree.
+def refit(policy: Policy, generation: Generation, probe: RefitProbe | None = None) -> dict[str, float]:
+    """Copy the policy's weights into the generation engine, check the versions agree, and
+    (with a ``probe``) check that the engine now scores like the trainer.
+
+    Returns:
+        The probe's ``train/refit_logprob_error`` and ``train/refit_token_mult_prob_error``
+        (empty without a probe).
 
     Raises:
         RuntimeError: the engine reports a different weight version than the trainer
             (a refit that did not arrive: generation would sample from stale weights).
+        RefitProbeError: the probe error is over its bound (stale, partial or misnamed weights).
     """
     version = policy.weight_version
     generation.update_weights(policy.get_weights(), version)
     engine_version = generation.weight_version()
     if engine_version != version:
         raise RuntimeError(f"refit failed: generation engine at weight version {engine_version}, trainer at {version}")
+    if probe is None:
+        return {}
+    metrics = probe.measure(policy, generation)
+    probe.check(metrics, version)
+    return metrics

@@ -42,6 +42,14 @@ class HfGeneration:
             weight_version=versions.pop(),
         )
 
+    def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
+        """Teacher-forced logprobs of ``completions`` (see ``Generation.score``), sharded like :meth:`generate`."""
+        n = len(self.group)
+        bounds = [len(prompts) * r // n for r in range(n + 1)]
+        shards = [(prompts[bounds[r]:bounds[r + 1]], completions[bounds[r]:bounds[r + 1]]) for r in range(n)]
+        refs = [w.score.remote(p, c, temperature) for w, (p, c) in zip(self.group.workers, shards, strict=True)]
+        return [row for rows in ray.get(refs) for row in rows]
+
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Refit: put the weights in the object store once, load them on every worker."""
         ref = ray.put(weights)

@@ -70,6 +70,20 @@ class HfGenerationWorkerImpl:
             logprobs.append(row_lp[:end])
         return GenerationOutput(completions, logprobs, self.version)
 
+    @torch.no_grad()
+    def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
+        """Teacher-forced logprobs of ``completions`` at ``temperature`` (see ``Generation.score``)."""
+        from posttrain.data.batch import make_batch
+        from posttrain.ops import compute_logprobs
+
+        if not prompts:
+            return []
+        batch = make_batch(prompts, completions, self.pad_id).to(self.device)
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, S, V]
+        width = batch.completion_mask.shape[1]
+        logprobs = compute_logprobs(logits, batch.input_ids, batch.prompt_lens, width, temperature).cpu()  # [B, L]
+        return [row[: len(c)] for row, c in zip(logprobs.tolist(), completions, strict=True)]
+
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Load the policy's weights in place (strict: a missing or extra name raises)."""
         self.model.load_state_dict(weights, strict=True)

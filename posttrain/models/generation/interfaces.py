@@ -53,6 +53,12 @@ class Generation(Protocol):
         """Sample one completion per prompt (repeat prompts for groups)."""
         ...
 
+    def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
+        """Teacher-forced logprobs: per row, ``log p(completion[t] | prompt + completion[:t])``
+        at ``temperature`` (same lengths as ``completions``). The weight-sync probe compares
+        these with the trainer's logprobs of the same tokens after every refit."""
+        ...
+
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Load ``weights`` (Hugging Face names) and set the engine's weight version."""
         ...
@@ -62,4 +68,5 @@ class Generation(Protocol):
         ...
 
     def shutdown(self) -> None:
+        """Stop the engine's workers (their reserved resources stay with the cluster)."""
         ...

@@ -16,6 +16,7 @@ REQUIRED_GRPO = ["train/loss", "train/reward_mean", "train/accuracy", "train/kl"
 @pytest.fixture
 def small(tmp_path, tiny_model_path):
     return [f"model.path={tiny_model_path}", "cluster.cpus_per_worker=0.5", "data.arithmetic.num_val=16",
+            "generation.backend=hf",  # the default tier tests the hf backend even where vLLM is installed
             f"logger.log_dir={tmp_path / 'logs'}"]
 
 

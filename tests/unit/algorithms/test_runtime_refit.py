@@ -12,7 +12,7 @@ from posttrain.models.generation.interfaces import SamplingParams
 
 @pytest.fixture(scope="module")
 def runtime(ray_cluster, tiny_model_path):
-    rt = setup_runtime(ModelConfig(path=tiny_model_path), PolicyConfig(lr=1e-2), GenerationConfig(),
+    rt = setup_runtime(ModelConfig(path=tiny_model_path), PolicyConfig(lr=1e-2), GenerationConfig(backend="hf"),
                        ClusterConfig(cpus_per_worker=0.5), seed=0)
     yield rt
     rt.shutdown()

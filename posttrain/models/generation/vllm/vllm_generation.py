@@ -1,0 +1,122 @@
+"""Driver-side vLLM generation: one engine per Ray actor, prompts sharded across them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import RayTaskError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from posttrain.distributed.ray_cluster import RayVirtualCluster
+from posttrain.errors import PosttrainError
+from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
+from posttrain.models.generation.vllm.vllm_generation_worker import VllmGenerationWorker
+
+
+@dataclass(frozen=True)
+class EnginePlacement:
+    """Where one engine actor goes: a bundle of the virtual cluster and what it reserves.
+
+    Colocated engines sit on the policy's bundle and reserve nothing (``num_cpus=0``):
+    the synchronous loop never generates and trains at once, so they share its CPUs.
+    """
+
+    bundle_index: int
+    num_cpus: float
+    num_gpus: float = 0.0
+
+
+def _shards(items: list[Any], n: int) -> list[list[Any]]:
+    """``n`` contiguous shards, sizes differing by at most one, in order."""
+    bounds = [len(items) * r // n for r in range(n + 1)]
+    return [items[bounds[r]:bounds[r + 1]] for r in range(n)]
+
+
+class VllmGeneration:
+    """``Generation`` backed by vLLM engines in Ray actors.
+
+    Args:
+        cluster: virtual cluster to place the engines on.
+        model_path: Hugging Face model directory (initial weights).
+        placements: one engine per placement.
+        engine_cfg: see :class:`~posttrain.models.generation.vllm.vllm_generation_worker.VllmGenerationWorkerImpl`.
+
+    Raises:
+        EngineStartError, ConfigError: an engine did not start (one line, from the worker).
+    """
+
+    def __init__(self, cluster: RayVirtualCluster, model_path: str, placements: list[EnginePlacement],
+                 engine_cfg: dict[str, Any]):
+        self.workers = [
+            VllmGenerationWorker.options(  # type: ignore[attr-defined]
+                num_cpus=p.num_cpus, num_gpus=p.num_gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    cluster.placement_group, placement_group_bundle_index=p.bundle_index),
+            ).remote(model_path, engine_cfg, rank=rank)
+            for rank, p in enumerate(placements)
+        ]
+        try:
+            self._get([w.start.remote() for w in self.workers])
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @staticmethod
+    def _get(refs: list[Any]) -> list[Any]:
+        """``ray.get``, re-raising a worker's one-line error as itself (not wrapped in a traceback)."""
+        try:
+            return ray.get(refs)
+        except RayTaskError as exc:
+            cause = exc.cause
+            if isinstance(cause, PosttrainError):
+                raise type(cause)(str(cause)) from None
+            raise
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
+        """Split ``prompts`` into contiguous shards, one per engine, and gather in order.
+
+        Raises:
+            RuntimeError: the engines report different weight versions.
+        """
+        shards = _shards(prompts, len(self.workers))
+        outs = self._get([w.generate.remote(s, params) for w, s in zip(self.workers, shards, strict=True)])
+        versions = {o.weight_version for o in outs}
+        if len(versions) != 1:
+            raise RuntimeError(f"vLLM engines disagree on the weight version: {sorted(versions)}")
+        return GenerationOutput(
+            completion_ids=[c for o in outs for c in o.completion_ids],
+            logprobs=[lp for o in outs for lp in o.logprobs],
+            weight_version=versions.pop(),
+        )
+
+    def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
+        """Teacher-forced logprobs of ``completions``, sharded like :meth:`generate`."""
+        n = len(self.workers)
+        refs = [w.score.remote(p, c, temperature)
+                for w, p, c in zip(self.workers, _shards(prompts, n), _shards(completions, n), strict=True)]
+        return [row for rows in self._get(refs) for row in rows]
+
+    def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Refit: put the weights in the object store once; every engine loads them in place."""
+        ref = ray.put(weights)
+        self._get([w.update_weights.remote(ref, version) for w in self.workers])
+
+    def weight_version(self) -> int:
+        """The engines' weight version.
+
+        Raises:
+            RuntimeError: the engines disagree.
+        """
+        versions = set(self._get([w.weight_version.remote() for w in self.workers]))
+        if len(versions) != 1:
+            raise RuntimeError(f"vLLM engines disagree on the weight version: {sorted(versions)}")
+        return versions.pop()
+
+    def shutdown(self) -> None:
+        """Kill every engine actor (their bundles stay with the cluster)."""
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []

