@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from harness import results
+from harness import coverage_ray, results
 from harness.machine import count_gpus
 from harness.ray_leaks import RayLeakCheck
 from harness.selection import Selection
@@ -45,6 +45,14 @@ def pytest_configure(config: pytest.Config) -> None:
 def tracker(request: pytest.FixtureRequest) -> Tracker:
     """Record named metrics of this test into unit_results.json (see ``harness.tracker``)."""
     return Tracker(request.node.nodeid, request.config.stash[METRICS])
+
+
+@pytest.hookimpl(trylast=True)  # pytest-cov has started its coverage by then
+def pytest_sessionstart(session: pytest.Session) -> None:
+    cov_plugin = session.config.pluginmanager.getplugin("_cov")
+    controller = getattr(cov_plugin, "cov_controller", None)
+    if controller is not None and getattr(controller, "cov", None) is not None:
+        coverage_ray.enable_for_ray_workers(controller.cov)
 
 
 class UnitResults:

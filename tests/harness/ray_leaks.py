@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pytest
 
 # ray.kill and remove_placement_group return before the GCS marks the object dead.
-_GRACE_S = 5.0
+_GRACE_S = 3.0
 _ACTOR_DEAD = "DEAD"
 _PG_REMOVED = "REMOVED"
 

@@ -1,0 +1,34 @@
+"""``--cov`` counts code that only a Ray actor runs (coverage inside Ray workers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+TREE = REPO / "tests/unit/harness/fixture_tree"
+
+
+@pytest.mark.slow
+def test_actor_only_lines_are_covered(tmp_path):
+    env = {**os.environ, "POSTTRAIN_UNIT_RESULTS_DIR": str(tmp_path / "results"),
+           "COVERAGE_FILE": str(tmp_path / ".coverage"),  # keep clear of any outer --cov run's data files
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(
+        ["bash", "tests/run_unit.sh", "-o", "python_files=case_*.py", "-p", "no:cacheprovider",
+         f"--cov={TREE}", f"--cov-report=json:{tmp_path / 'cov.json'}", str(TREE / "case_coverage.py")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "cov.json").read_text())
+    actor_file = next(v for k, v in report["files"].items() if k.endswith("fixture_tree/actor_only.py"))
+    source = (TREE / "actor_only.py").read_text().splitlines()
+    actor_only = [i + 1 for i, line in enumerate(source) if "ACTOR-ONLY LINE" in line or "return doubled_plus_one" in line]
+    assert len(actor_only) == 2
+    assert set(actor_only) <= set(actor_file["executed_lines"]), actor_file["missing_lines"]
+    results = json.loads((tmp_path / "results" / "unit_results.json").read_text())
+    assert results["coverage"] == pytest.approx(report["totals"]["percent_covered"], abs=0.01)

@@ -1,0 +1,88 @@
+"""The Ray leak check: a test that leaves an actor or placement group alive errors, naming it.
+
+The inner sessions run in this process (``pytester.runpytest_inprocess``), so they share the
+Ray cluster of the ``ray_cluster`` fixture and start no Ray of their own.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.ray_leaks import LiveRayObjects, leaked, live_ray_objects
+
+INNER = '''
+import pytest
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+
+
+@ray.remote(num_cpus=0)
+class Sleeper:
+    def ping(self):
+        return "pong"
+
+
+@pytest.fixture(scope="module")
+def shared_engine():
+    actor = Sleeper.options(name="inner-shared").remote()
+    ray.get(actor.ping.remote())
+    yield actor
+    ray.kill(actor)
+
+
+def test_uses_module_fixture(shared_engine):
+    assert ray.get(shared_engine.ping.remote()) == "pong"
+
+
+def test_uses_module_fixture_again(shared_engine):
+    assert ray.get(shared_engine.ping.remote()) == "pong"
+
+
+def test_cleans_up():
+    actor = Sleeper.remote()
+    ray.get(actor.ping.remote())
+    ray.kill(actor)
+
+
+def test_leaks_actor():
+    global LEAK  # a live handle keeps the actor alive past the test
+    LEAK = Sleeper.options(name="inner-leaked").remote()
+    ray.get(LEAK.ping.remote())
+
+
+def test_leaks_placement_group():
+    global PG
+    PG = placement_group([{"CPU": 0.01}], name="inner-leaked-pg")
+    ray.get(PG.ready())
+'''
+
+
+def test_leaked_actor_and_placement_group_error_and_fixture_held_ones_do_not(ray_cluster, pytester, monkeypatch):
+    monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
+    pytester.makepyfile(test_inner=INNER)
+    result = pytester.runpytest_inprocess("-p", "harness.plugin", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=5, errors=2)
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_leaks_actor*",
+        "*RayLeakError: test_inner.py::test_leaks_actor left 1 Ray object(s) alive (now killed/removed): "
+        "actor Sleeper 'inner-leaked'*",
+        "*ERROR at teardown of test_leaks_placement_group*",
+        "*left 1 Ray object(s) alive*placement group [[]{'CPU': 0.01}[]] 'inner-leaked-pg'*",
+    ])
+    assert "test_uses_module_fixture" not in "".join(line for line in result.outlines if "ERROR at" in line)
+    # The check killed what leaked, so this outer test (itself leak-checked) ends clean.
+    assert live_ray_objects().ids() == set()
+
+
+def test_leaked_is_new_minus_before_and_fixture_held():
+    now = LiveRayObjects({"a1": "actor A", "a2": "actor B", "a3": "actor C"}, {"p1": "placement group"})
+    assert leaked(before={"a1"}, held={"a2"}, now=now) == ["actor C", "placement group"]
+    assert leaked(before={"a1", "a3", "p1"}, held={"a2"}, now=now) == []
+
+
+def test_no_ray_no_cost(monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+    assert live_ray_objects() is None
+    assert "ray" not in sys.modules  # the check never imports Ray itself
