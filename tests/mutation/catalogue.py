@@ -77,7 +77,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/algorithms/grpo.py",
            # a call to a no-op that returns no probe metrics: fits `refit(...)` with or without the probe
            (("refit(rt.policy, rt.generation", "(lambda *args: {})(rt.policy, rt.generation"),),
-           ("tests/unit/algorithms/test_loops.py::test_grpo_loop_logs_every_step",)),
+           ("tests/integration/test_grpo_loop_refit.py",)),
     Mutant("grads_zeroed_before_step", "gradients are zeroed between backward and the optimizer step: nothing moves",
            "posttrain/models/policy/hf_policy_worker.py",
            (("self.optimizer.step()", "self.optimizer.zero_grad(set_to_none=False); self.optimizer.step()"),),

@@ -55,7 +55,15 @@ class Outcome:
     seconds: float
 
 
-def copy_repo(dest: Path) -> None:
+def copy_repo(dest: Path, ref: str | None = None) -> None:
+    """Copy the sources and tests into ``dest``: the working tree, or the commit ``ref``."""
+    if ref is not None:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", ref, *COPIED],
+                                 capture_output=True)
+        if archive.returncode != 0:
+            raise MutationError(f"git archive {ref!r} failed: {archive.stderr.decode().strip()}")
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+        return
     for name in COPIED:
         src = REPO / name
         if src.is_dir():
@@ -84,9 +92,9 @@ def mutated_text(original: str, mutant: Mutant) -> str:
     return text
 
 
-def check_anchors(mutants: tuple[Mutant, ...]) -> None:
+def check_anchors(mutants: tuple[Mutant, ...], root: Path) -> None:
     for mutant in mutants:
-        mutated_text((REPO / mutant.path).read_text(), mutant)
+        mutated_text((root / mutant.path).read_text(), mutant)
 
 
 def environment(copy: Path) -> dict[str, str]:
@@ -146,6 +154,15 @@ def first_failure(output: str) -> str:
     return match.group(1) if match else "?"
 
 
+LOG_DIR = Path(tempfile.gettempdir()) / "posttrain-mutants-logs"
+
+
+def save_log(name: str, output: str) -> None:
+    """Keep each mutant's pytest output (``$TMPDIR/posttrain-mutants-logs/<name>.log``) to check a catch."""
+    LOG_DIR.mkdir(exist_ok=True)
+    (LOG_DIR / f"{name}.log").write_text(output)
+
+
 def judge(copy: Path, mutant: Mutant) -> Outcome:
     """Apply ``mutant`` to ``copy``, run the tests, restore the file."""
     target = copy / mutant.path
@@ -155,6 +172,7 @@ def judge(copy: Path, mutant: Mutant) -> Outcome:
     try:
         for targets in ([*mutant.first], list(FAST_TIER)) if mutant.first else (list(FAST_TIER),):
             code, output = run_pytest(copy, targets)
+            save_log(mutant.name, output)
             if code == 1:
                 return Outcome(mutant.name, True, first_failure(output), time.perf_counter() - start)
             if code != 0:
@@ -201,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", metavar="NAME", help="run only this mutant (repeatable)")
     parser.add_argument("--list", action="store_true", help="list the catalogue and exit")
     parser.add_argument("--no-baseline", action="store_true", help="skip the baseline run of the named tests")
+    parser.add_argument("--ref", metavar="GIT_REF",
+                        help="test the sources of this commit (e.g. HEAD) instead of the working tree")
     args = parser.parse_args(argv)
     console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)  # logs keep whole rows
     try:
@@ -211,12 +231,12 @@ def main(argv: list[str] | None = None) -> int:
                 table.add_row(m.name, m.path.removeprefix("posttrain/"), m.description)
             console.print(table)
             return 0
-        check_anchors(mutants)
         start = time.perf_counter()
         outcomes = []
         with tempfile.TemporaryDirectory(prefix="posttrain-mutants-") as tmp:
             copy = Path(tmp)
-            copy_repo(copy)
+            copy_repo(copy, args.ref)
+            check_anchors(mutants, copy)  # before any slow step: a stale catalogue fails at once
             preflight(copy)
             if not args.no_baseline:
                 baseline(copy, mutants)
@@ -226,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"({outcome.seconds:.0f} s)", highlight=False)
                 outcomes.append(outcome)
         print_table(console, outcomes, time.perf_counter() - start)
+        console.print(f"pytest output of each mutant: {LOG_DIR}", highlight=False)
     except MutationError as exc:
         console.print(f"run_mutants: {exc}", highlight=False, markup=False)
         return 2
