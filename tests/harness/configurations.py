@@ -108,7 +108,8 @@ def load_table(path: Path = TABLE_PATH) -> Table:
 def marker_expression(configuration: Configuration, modifiers_on: Sequence[Modifier], table: Table) -> str:
     """``(select) and not <marker>`` for every modifier not switched on."""
     on = {m.flag for m in modifiers_on}
-    return " and ".join([f"({configuration.select})"] + [f"not {m.marker}" for m in table.modifiers if m.flag not in on])
+    left_out = [f"not {m.marker}" for m in table.modifiers if m.flag not in on]
+    return " and ".join([f"({configuration.select})", *left_out])
 
 
 def is_importable(package: str) -> bool:

@@ -73,8 +73,12 @@ def _save_in_actor(_instance: Any) -> bool:
 
 def save_actor_coverage(actors: list[Any]) -> None:
     """Ask each actor to write its coverage data; dead or hung actors are skipped."""
+    import sys
+
     import ray
 
+    # Workers may not have tests/ on sys.path: ship this module's code with the call.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     refs = [actor.__ray_call__.remote(_save_in_actor) for actor in actors]
     ray.wait(refs, num_returns=len(refs), timeout=SAVE_TIMEOUT_S)
 

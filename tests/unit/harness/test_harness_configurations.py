@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from harness.configurations import FIXED_PYTEST_ARGS, PlanError, load_table, make_plan, render_markdown
 
 REPO = Path(__file__).resolve().parents[3]

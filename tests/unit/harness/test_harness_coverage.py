@@ -27,7 +27,8 @@ def test_actor_only_lines_are_covered(tmp_path):
     report = json.loads((tmp_path / "cov.json").read_text())
     actor_file = next(v for k, v in report["files"].items() if k.endswith("fixture_tree/actor_only.py"))
     source = (TREE / "actor_only.py").read_text().splitlines()
-    actor_only = [i + 1 for i, line in enumerate(source) if "ACTOR-ONLY LINE" in line or "return doubled_plus_one" in line]
+    actor_only = [i + 1 for i, line in enumerate(source)
+                  if "ACTOR-ONLY LINE" in line or "return doubled_plus_one" in line]
     assert len(actor_only) == 2
     assert set(actor_only) <= set(actor_file["executed_lines"]), actor_file["missing_lines"]
     results = json.loads((tmp_path / "results" / "unit_results.json").read_text())

@@ -6,8 +6,6 @@ Ray cluster of the ``ray_cluster`` fixture and start no Ray of their own.
 
 from __future__ import annotations
 
-import pytest
-
 from harness.ray_leaks import LiveRayObjects, leaked, live_ray_objects
 
 INNER = '''

@@ -98,7 +98,8 @@ def test_missing_extra_prints_the_uv_command(tmp_path):
     # A `megatron` package without `core` first on PYTHONPATH hides any installed megatron.core.
     proc = run_unit(tmp_path, "--mcore-only", "--hf-gated", fake=("megatron",), tree=False)
     assert proc.returncode == 2
-    assert proc.stderr.splitlines()[-1] == "  uv run --extra mcore --group test bash tests/run_unit.sh --mcore-only --hf-gated"
+    expected = "  uv run --extra mcore --group test bash tests/run_unit.sh --mcore-only --hf-gated"
+    assert proc.stderr.splitlines()[-1] == expected
 
 
 @pytest.mark.parametrize("args", [("-m", "mcore and vllm"), ("-k", "test_gpu2")],

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from harness import memory
 from harness.tracker import Tracker
 
@@ -67,4 +66,35 @@ def test_max_mem_grows_when_1_gib_is_allocated_on_the_gpu(tracker):
     after = tracker.log_max_mem("gpu_after_1gib")
     print(f"tracker.get_max_mem(): {before:.3f} GiB before, {after:.3f} GiB after allocating 1 GiB")
     del block
+    assert after - before >= 0.95, (before, after)
+
+
+@pytest.mark.gpu(1)
+def test_max_mem_grows_when_a_gpu_actor_allocates_1_gib(ray_cluster, tracker):
+    """GPU through Ray: a 1-GPU actor's allocation shows in the reading of every GPU of every node."""
+    import ray
+
+    @ray.remote(num_gpus=1, num_cpus=0.1)
+    class GpuHog:
+        def warm_up(self) -> None:
+            import torch
+
+            torch.zeros(1, device="cuda")  # the CUDA context is not part of the measured growth
+
+        def allocate(self) -> int:
+            import torch
+
+            self.block = torch.ones(2**28, dtype=torch.float32, device="cuda")  # 1 GiB
+            torch.cuda.synchronize()
+            return self.block.numel() * 4
+
+    hog = GpuHog.remote()
+    try:
+        ray.get(hog.warm_up.remote())
+        before = tracker.log_max_mem("ray_gpu_before")
+        assert ray.get(hog.allocate.remote()) == 2**30
+        after = tracker.log_max_mem("ray_gpu_after_1gib")
+    finally:
+        ray.kill(hog)
+    print(f"tracker.get_max_mem() via Ray: {before:.3f} GiB before, {after:.3f} GiB after a 1 GiB actor allocation")
     assert after - before >= 0.95, (before, after)
