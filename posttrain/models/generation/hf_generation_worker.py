@@ -25,7 +25,9 @@ class HfGenerationWorkerImpl:
         hf_logging.disable_progress_bar()
         torch.set_num_threads(num_threads)
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).eval()
+        # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         self.pad_id = self.model.config.pad_token_id
         self.eos_id = self.model.config.eos_token_id
         self.version = 0

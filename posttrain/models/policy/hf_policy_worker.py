@@ -58,7 +58,8 @@ class HfPolicyWorkerImpl:
         torch.manual_seed(seed + rank)
         self.cfg = cfg
         self.device = torch.device(cfg.get("device", "cpu"))
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
+        # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)  # type: ignore[arg-type]
         self.model.train()
         # The KL penalty is measured against the policy as it was at the start of training.
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -105,7 +106,7 @@ class HfPolicyWorkerImpl:
             weights stay as they were) and counted in ``skipped_optimizer_steps``.
         """
         gbs, mbs = self.cfg["train_global_batch_size"], self.cfg["train_micro_batch_size"]
-        lr = self.scheduler.get_last_lr()[0]  # the lr of this call's first optimizer step
+        lr = float(self.scheduler.get_last_lr()[0])  # the lr of this call's first optimizer step
         steps: list[Metrics] = []
         skipped = 0
         batch = batch.to(self.device)
