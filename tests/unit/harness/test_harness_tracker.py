@@ -27,7 +27,10 @@ def test_key_holds_the_parameter_id(tracker, request, variant):
     assert tracker.key.endswith(f"test_harness_tracker.py::test_key_holds_the_parameter_id[{variant}]")
 
 
-def test_max_mem_without_ray_is_this_process_peak_rss(tracker):
+def test_max_mem_without_ray_is_this_process_peak_rss(tracker, monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "ray", raising=False)  # as if Ray was never imported in this session
     value = tracker.log_max_mem("peak")
     assert value == pytest.approx(memory.peak_rss_gib(), rel=0.05)
     assert 0.01 < value < 64  # a Python process with pytest loaded: tens of MiB at least
