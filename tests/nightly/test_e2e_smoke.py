@@ -80,7 +80,6 @@ class TestRuntimeOnOneGpu:
         after = greedy(rt, prompts)
         assert after.weight_version == rt.policy.weight_version
         assert after.completion_ids != before.completion_ids
-        assert rt.tokenizer.decode(after.completion_ids[0], skip_special_tokens=True) == "77"
         # the engine and the trainer score the same sampled tokens alike after the sync
         out = rt.generation.generate(prompts, SamplingParams(max_new_tokens=4, seed=3))
         sampled = make_batch(prompts, out.completion_ids, rt.tokenizer.pad_token_id)
@@ -92,9 +91,10 @@ class TestRuntimeOnOneGpu:
 
 
 def test_reward_improves_on_arithmetic(ray_cluster, tmp_path) -> None:
-    """SFT warm start to 0.3 held-out accuracy, then 100 GRPO steps: held-out greedy accuracy
-    (500 problems) must rise by at least 0.05, and the sampled reward of the last 20 steps
-    must beat the first 20."""
+    """SFT warm start to 0.3 held-out accuracy, then 300 GRPO steps (the main job's recipe):
+    held-out greedy accuracy (500 problems) must rise by at least 0.1 (the CPU main job gains
+    0.19-0.26 over 3 seeds; 100 steps on an H100 gained only 0.034, too close to noise), and the
+    sampled reward of the last 20 steps must beat the first 20."""
     warm = tmp_path / "warm"
     sft_cfg = load_config("examples/configs/sft_arithmetic.yaml",
                           GPU + ["sft.stop_at_val_accuracy=0.3", "sft.num_steps=3000", "data.max_val=200",
@@ -102,13 +102,13 @@ def test_reward_improves_on_arithmetic(ray_cluster, tmp_path) -> None:
                           sft.SFTMasterConfig)
     sft.train(sft_cfg)
     cfg = load_config("examples/configs/grpo_arithmetic.yaml",
-                      GPU + [f"model.path={warm}", "grpo.num_steps=100", "grpo.val_period=0",
+                      GPU + [f"model.path={warm}", "grpo.num_steps=300", "grpo.val_period=0",
                              f"logger.log_dir={tmp_path / 'grpo'}"],
                       grpo.GRPOMasterConfig)
     metrics = grpo.train(cfg)
     accuracy = metrics["val/accuracy"]
-    reward = [metrics["train/reward_mean"][str(s)] for s in range(1, 101)]
+    reward = [metrics["train/reward_mean"][str(s)] for s in range(1, 301)]
     first, last = sum(reward[:20]) / 20, sum(reward[-20:]) / 20
-    print(f"val/accuracy {accuracy['0']:.3f} -> {accuracy['100']:.3f}; reward first 20 {first:.3f}, last 20 {last:.3f}")
-    assert accuracy["100"] - accuracy["0"] >= 0.05, accuracy
+    print(f"val/accuracy {accuracy['0']:.3f} -> {accuracy['300']:.3f}; reward first 20 {first:.3f}, last 20 {last:.3f}")
+    assert accuracy["300"] - accuracy["0"] >= 0.1, accuracy
     assert last > first

@@ -1,15 +1,16 @@
-"""The functional scripts' rules (as written in grpo.sh / sft.sh) against excerpts of real runs.
+"""The functional scripts' rules (as written in common.sh's grpo_functional / sft.sh) against real runs.
 
 Fixtures in ``fixtures/metrics/`` are the metrics those rules read, from real jobs of this
 repository, rounded to 5 significant digits:
 
-- ``grpo_healthy.json``: the 200-step GRPO run of grpo.sh (seed 0), val/accuracy 0.42 -> 0.75.
+- ``grpo_vllm_healthy.json``: the 300-step GRPO run of grpo.sh on the vLLM CPU engine (seed 0),
+  val/accuracy 0.442 -> 0.678, with the weight-sync probe's metrics (``train/*`` and ``val/*`` only).
 - ``grpo_collapsed.json``: a GRPO run from a weaker warm start whose reward fell from ~0.2 to
   ~0 (30 steps with zero gradient); val/accuracy 0.33 -> 0.02.
 - ``sft_gsm8k.json``: a 60-step run of sft.sh's GSM8K SFT (an earlier 60-step config).
 
-The run killed at step 42 is the healthy run cut at step 42 (it was the same seed, and its
-log is exactly that prefix).
+The run killed at step 42 is the healthy run cut at step 42 (runs are deterministic given the
+seed, so its log is exactly that prefix).
 """
 
 from __future__ import annotations
@@ -30,22 +31,32 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "metrics"
 
 
+# grpo.sh and grpo_non_colocated.sh differ only in placement: their rules live in common.sh.
+RULES_IN = {"grpo.sh": "common.sh", "grpo_non_colocated.sh": "common.sh", "sft.sh": "sft.sh"}
+
+
 def check_run_args(script: str) -> list[str]:
     """The arguments the script passes to ``check_run`` after the log dir, as bash would split them."""
-    text = (ROOT / "tests" / "functional" / script).read_text()
-    call = re.search(r'^check_run "\$WORK/logs"(.*?)(?:\n\n|\Z)', text, re.S | re.M)
+    text = (ROOT / "tests" / "functional" / RULES_IN[script]).read_text()
+    call = re.search(r'^\s*check_run "\$WORK/logs"(.*?)(?:\n\s*\n|\n\}|\Z)', text, re.S | re.M)
     assert call, f"no check_run call in {script}"
     args = shlex.split(call.group(1).replace("\\\n", " "))
     assert "--expect-steps" in args, f"{script} must pass --expect-steps"
     return args
 
 
+def test_both_grpo_scripts_run_the_shared_rules() -> None:
+    for script in ("grpo.sh", "grpo_non_colocated.sh"):
+        assert "\ngrpo_functional " in (ROOT / "tests" / "functional" / script).read_text(), script
+
+
 def resolved_args(script: str, expect_steps: int) -> list[str]:
     """``check_run_args`` with the shell variables replaced as the script computes them."""
-    tenth = str((expect_steps + 9) // 10)  # grpo.sh's TENTH
+    tenth = str((expect_steps + 9) // 10)  # the scripts' tenth: steps in the first / last 10%
     return [
-        str(expect_steps) if a == "$EXPECT_STEPS" else
-        a.replace("$((TENTH + 1))", str(int(tenth) + 1)).replace("$TENTH", tenth)
+        str(expect_steps) if a.lower() == "$expect_steps" else
+        a.replace("$((TENTH + 1))", str(int(tenth) + 1)).replace("$((tenth + 1))", str(int(tenth) + 1))
+        .replace("$TENTH", tenth).replace("$tenth", tenth)
         for a in check_run_args(script)
     ]
 
@@ -56,7 +67,7 @@ def run_script_rules(capsys, script: str, fixture: Path, expect_steps: int) -> t
 
 
 def truncated(tmp_path: Path, steps: int) -> Path:
-    data = json.loads((FIXTURES / "grpo_healthy.json").read_text())
+    data = json.loads((FIXTURES / "grpo_vllm_healthy.json").read_text())
     cut = {m: {s: v for s, v in series.items() if int(s) <= steps} for m, series in data.items()}
     path = tmp_path / f"grpo_stopped_at_{steps}.json"
     path.write_text(json.dumps(cut))
@@ -70,11 +81,11 @@ def failing_rows(out: str) -> list[str]:
 class TestGrpoScript:
     def test_script_uses_the_pack_and_expected_steps(self):
         args = check_run_args("grpo.sh")
-        assert args[args.index("--pack") + 1] == "grpo" and "$EXPECT_STEPS" in args
+        assert args[args.index("--pack") + 1] == "grpo" and "$expect_steps" in args
 
     def test_healthy_run_passes_every_rule(self, capsys, monkeypatch):
         monkeypatch.setenv("COLUMNS", "250")
-        code, out = run_script_rules(capsys, "grpo.sh", FIXTURES / "grpo_healthy.json", 200)
+        code, out = run_script_rules(capsys, "grpo.sh", FIXTURES / "grpo_vllm_healthy.json", 300)
         assert code == 0, out
         assert "FAIL" not in out and "VACUOUS" not in out
 
@@ -89,17 +100,17 @@ class TestGrpoScript:
 
     def test_run_that_stopped_at_step_42_fails_every_rule(self, capsys, tmp_path, monkeypatch):
         monkeypatch.setenv("COLUMNS", "250")
-        code, out = run_script_rules(capsys, "grpo.sh", truncated(tmp_path, 42), 200)
+        code, out = run_script_rules(capsys, "grpo.sh", truncated(tmp_path, 42), 300)
         assert code == 1
         rows = [line for line in out.splitlines() if line.startswith("│ ")]
         statuses = [row.split("│")[1].strip() for row in rows if row.split("│")[1].strip()]
         assert set(statuses) == {"FAIL"}
-        assert out.count("run stopped at step 42 of 200") == len(statuses) >= 15
+        assert out.count("run stopped at step 42 of 300") == len(statuses) >= 15
 
     def test_no_rule_of_the_script_is_vacuous_on_the_healthy_run(self):
-        rules = [a for a in resolved_args("grpo.sh", 200) if a.startswith(("mean(", "max(", "min("))]
-        data = normalize(json.loads((FIXTURES / "grpo_healthy.json").read_text()))
-        results = run_checks(data, [RuleSpec(r) for r in rules], CheckOptions(expect_steps=200))
+        rules = [a for a in resolved_args("grpo.sh", 300) if a.startswith(("mean(", "max(", "min(", "median("))]
+        data = normalize(json.loads((FIXTURES / "grpo_vllm_healthy.json").read_text()))
+        results = run_checks(data, [RuleSpec(r) for r in rules], CheckOptions(expect_steps=300))
         assert [r.status for r in results] == ["PASS"] * len(rules)
 
 
@@ -118,7 +129,7 @@ class TestSftScript:
         assert code == 1 and "run stopped at step 60 of 100" in out
 
 
-@pytest.mark.parametrize("fixture", ["grpo_healthy.json", "grpo_collapsed.json"])
+@pytest.mark.parametrize("fixture", ["grpo_vllm_healthy.json", "grpo_collapsed.json"])
 def test_collapse_signals_differ_between_the_fixtures(fixture):
     """Guards the fixtures themselves: the collapsed run has zero-gradient steps, the healthy one none."""
     data = json.loads((FIXTURES / fixture).read_text())

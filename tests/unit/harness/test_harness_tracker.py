@@ -8,6 +8,10 @@ import pytest
 from harness import memory
 from harness.tracker import Tracker
 
+# get_max_mem() reports GPU memory wherever NVML sees a GPU; the CPU-path tests cannot apply there.
+cpu_path_only = pytest.mark.skipif(bool(memory.gpu_used_gib()),
+                                   reason="GPU node: get_max_mem() reports GPU memory, not the CPU peak RSS")
+
 
 def test_track_rejects_values_json_cannot_hold():
     store: dict = {}
@@ -27,6 +31,7 @@ def test_key_holds_the_parameter_id(tracker, request, variant):
     assert tracker.key.endswith(f"test_harness_tracker.py::test_key_holds_the_parameter_id[{variant}]")
 
 
+@cpu_path_only
 def test_max_mem_without_ray_is_this_process_peak_rss(tracker, monkeypatch):
     import sys
 
@@ -36,6 +41,7 @@ def test_max_mem_without_ray_is_this_process_peak_rss(tracker, monkeypatch):
     assert 0.01 < value < 64  # a Python process with pytest loaded: tens of MiB at least
 
 
+@cpu_path_only
 def test_max_mem_grows_when_a_ray_actor_allocates_1_gib(ray_cluster, tracker):
     """CPU: the peak RSS of Ray workers counts, so a 1 GiB allocation inside an actor shows."""
     import numpy as np
