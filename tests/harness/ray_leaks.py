@@ -79,6 +79,26 @@ def _kill(ids: set[str]) -> None:
             pass
 
 
+def _settled_ids(quiet_s: float = 2.0, timeout_s: float = 20.0) -> set[str]:
+    """Live ids once no actor has appeared for ``quiet_s`` seconds (at most ``timeout_s``).
+
+    ``ActorClass.remote()`` returns before the actor is registered with the GCS: a fixture
+    that creates actors and returns at once would have them listed only later, and they
+    would be blamed on the test. Seen on a loaded 2-core CI machine, never on an idle one.
+    """
+    live = live_ray_objects()
+    if live is None:
+        return set()
+    ids, stable_since, deadline = live.ids(), time.monotonic(), time.monotonic() + timeout_s
+    while time.monotonic() - stable_since < quiet_s and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = live_ray_objects()
+        current = now.ids() if now else set()
+        if current != ids:
+            ids, stable_since = current, time.monotonic()
+    return ids
+
+
 class RayLeakError(Exception):
     """A test left Ray actors or placement groups alive."""
 
@@ -108,7 +128,7 @@ class RayLeakCheck:
         try:
             return (yield)
         finally:
-            self.held |= self._ids() - before
+            self.held |= _settled_ids() - before
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
