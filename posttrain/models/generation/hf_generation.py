@@ -9,6 +9,9 @@ from posttrain.distributed.ray_cluster import RayVirtualCluster
 from posttrain.distributed.worker_group import RayWorkerGroup
 from posttrain.models.generation.hf_generation_worker import HfGenerationWorker
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
+from posttrain.models.generation.sharding import agreed_version, contiguous_shards, gather_outputs
+
+WHO = "generation workers"
 
 
 class HfGeneration:
@@ -29,25 +32,14 @@ class HfGeneration:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         """Split ``prompts`` into contiguous shards, one per worker, and gather in order."""
-        n = len(self.group)
-        bounds = [len(prompts) * r // n for r in range(n + 1)]
-        shards = [prompts[bounds[r]:bounds[r + 1]] for r in range(n)]
-        outs = [o for o in self.group.run_sharded("generate", shards, params=params)]
-        versions = {o.weight_version for o in outs}
-        if len(versions) != 1:
-            raise RuntimeError(f"generation workers disagree on the weight version: {sorted(versions)}")
-        return GenerationOutput(
-            completion_ids=[c for o in outs for c in o.completion_ids],
-            logprobs=[lp for o in outs for lp in o.logprobs],
-            weight_version=versions.pop(),
-        )
+        shards = contiguous_shards(prompts, len(self.group))
+        return gather_outputs(self.group.run_sharded("generate", shards, params=params), WHO)
 
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
         """Teacher-forced logprobs of ``completions`` (see ``Generation.score``), sharded like :meth:`generate`."""
         n = len(self.group)
-        bounds = [len(prompts) * r // n for r in range(n + 1)]
-        shards = [(prompts[bounds[r]:bounds[r + 1]], completions[bounds[r]:bounds[r + 1]]) for r in range(n)]
-        refs = [w.score.remote(p, c, temperature) for w, (p, c) in zip(self.group.workers, shards, strict=True)]
+        refs = [w.score.remote(p, c, temperature) for w, p, c in
+                zip(self.group.workers, contiguous_shards(prompts, n), contiguous_shards(completions, n), strict=True)]
         return [row for rows in ray.get(refs) for row in rows]
 
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
@@ -57,10 +49,7 @@ class HfGeneration:
 
     def weight_version(self) -> int:
         """The engine's weight version (all workers must agree)."""
-        versions = set(self.group.run_all("weight_version"))
-        if len(versions) != 1:
-            raise RuntimeError(f"generation workers disagree on the weight version: {sorted(versions)}")
-        return versions.pop()
+        return agreed_version(self.group.run_all("weight_version"), WHO)
 
     def shutdown(self) -> None:
         self.group.shutdown()

@@ -13,6 +13,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from posttrain.distributed.ray_cluster import RayVirtualCluster
 from posttrain.errors import PosttrainError
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
+from posttrain.models.generation.sharding import agreed_version, contiguous_shards, gather_outputs
 from posttrain.models.generation.vllm.vllm_generation_worker import VllmGenerationWorker
 
 
@@ -29,10 +30,7 @@ class EnginePlacement:
     num_gpus: float = 0.0
 
 
-def _shards(items: list[Any], n: int) -> list[list[Any]]:
-    """``n`` contiguous shards, sizes differing by at most one, in order."""
-    bounds = [len(items) * r // n for r in range(n + 1)]
-    return [items[bounds[r]:bounds[r + 1]] for r in range(n)]
+WHO = "vLLM engines"
 
 
 class VllmGeneration:
@@ -81,22 +79,15 @@ class VllmGeneration:
         Raises:
             RuntimeError: the engines report different weight versions.
         """
-        shards = _shards(prompts, len(self.workers))
+        shards = contiguous_shards(prompts, len(self.workers))
         outs = self._get([w.generate.remote(s, params) for w, s in zip(self.workers, shards, strict=True)])
-        versions = {o.weight_version for o in outs}
-        if len(versions) != 1:
-            raise RuntimeError(f"vLLM engines disagree on the weight version: {sorted(versions)}")
-        return GenerationOutput(
-            completion_ids=[c for o in outs for c in o.completion_ids],
-            logprobs=[lp for o in outs for lp in o.logprobs],
-            weight_version=versions.pop(),
-        )
+        return gather_outputs(outs, WHO)
 
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
         """Teacher-forced logprobs of ``completions``, sharded like :meth:`generate`."""
         n = len(self.workers)
-        refs = [w.score.remote(p, c, temperature)
-                for w, p, c in zip(self.workers, _shards(prompts, n), _shards(completions, n), strict=True)]
+        shards = zip(self.workers, contiguous_shards(prompts, n), contiguous_shards(completions, n), strict=True)
+        refs = [w.score.remote(p, c, temperature) for w, p, c in shards]
         return [row for rows in self._get(refs) for row in rows]
 
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
@@ -110,10 +101,7 @@ class VllmGeneration:
         Raises:
             RuntimeError: the engines disagree.
         """
-        versions = set(self._get([w.weight_version.remote() for w in self.workers]))
-        if len(versions) != 1:
-            raise RuntimeError(f"vLLM engines disagree on the weight version: {sorted(versions)}")
-        return versions.pop()
+        return agreed_version(self._get([w.weight_version.remote() for w in self.workers]), WHO)
 
     def shutdown(self) -> None:
         """Kill every engine actor (their bundles stay with the cluster)."""

@@ -1,0 +1,29 @@
+"""Sharding shared by both generation backends: order kept, nothing dropped, versions must agree."""
+
+import pytest
+
+from posttrain.models.generation.interfaces import GenerationOutput
+from posttrain.models.generation.sharding import agreed_version, contiguous_shards, gather_outputs
+
+
+@pytest.mark.parametrize(("n_items", "n"), [(10, 3), (3, 4), (0, 2), (16, 1)])
+def test_shards_are_contiguous_balanced_and_complete(n_items: int, n: int) -> None:
+    items = list(range(n_items))
+    shards = contiguous_shards(items, n)
+    assert len(shards) == n
+    assert [x for s in shards for x in s] == items
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+def test_gather_keeps_shard_order() -> None:
+    outs = [GenerationOutput([[1], [2]], [[-0.1], [-0.2]], 3), GenerationOutput([[3]], [[-0.3]], 3)]
+    out = gather_outputs(outs, "engines")
+    assert out.completion_ids == [[1], [2], [3]] and out.logprobs == [[-0.1], [-0.2], [-0.3]]
+    assert out.weight_version == 3
+
+
+def test_engines_on_different_weights_raise() -> None:
+    with pytest.raises(RuntimeError, match=r"engines disagree on the weight version: \[2, 3\]"):
+        gather_outputs([GenerationOutput([], [], 3), GenerationOutput([], [], 2)], "engines")
+    with pytest.raises(RuntimeError, match="disagree"):
+        agreed_version([5, 4], "engines")
