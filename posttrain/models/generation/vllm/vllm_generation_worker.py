@@ -10,6 +10,7 @@ carries the weight version (``set_weight_version``) and stamps it on every compl
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +31,21 @@ def first_line(exc: BaseException) -> str:
     """``Type: first line of the message`` of an exception, for one-line errors."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+# vLLM's in-place reload logs "<Layer>: Failed to load weights" for a layer that has a
+# loadable tensor but received none. Rotary embeddings always qualify: their cos/sin cache
+# is computed from the config, never saved in a checkpoint or a state dict, and vLLM keeps
+# the one it has. That line on every refit buries the log; other layers' lines stay.
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class RotaryReloadWarningFilter(logging.Filter):
+    """Drops vLLM's reload warning for rotary-embedding layers only (see ``RELOAD_LOGGER``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.endswith(": Failed to load weights") and "RotaryEmbedding" in message.split(":")[0])
 
 
 class VllmGenerationWorkerImpl:
@@ -90,6 +106,7 @@ class VllmGenerationWorkerImpl:
         except Exception as exc:  # vLLM raises many types; the driver needs the first line
             raise EngineStartError(f"vLLM engine for '{self.model_path}' did not start: {first_line(exc)}") from None
         self.llm.llm_engine.set_weight_version("0")
+        logging.getLogger(RELOAD_LOGGER).addFilter(RotaryReloadWarningFilter())
         self._sleep()
 
     def _sleep(self) -> None:

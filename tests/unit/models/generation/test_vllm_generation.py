@@ -160,3 +160,12 @@ def test_engine_start_up_failures_are_one_line(rt, tmp_path):
     huge = {**cfg, "max_num_seqs": 10**9}  # a KV cache no machine has
     with pytest.raises(ConfigError, match="does not fit in half of the free host RAM"):
         VllmGeneration(rt.cluster, rt.model_path, placement, huge)
+
+
+def test_reload_warning_filter_sits_on_vllms_reload_logger():
+    """If vLLM moves its reload module the filter would silently do nothing."""
+    from vllm.model_executor.model_loader.reload import layerwise
+
+    from posttrain.models.generation.vllm.vllm_generation_worker import RELOAD_LOGGER
+
+    assert layerwise.logger.name == RELOAD_LOGGER
