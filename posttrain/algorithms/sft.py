@@ -49,11 +49,13 @@ def sft_batch(chat: ChatEncoder, problems: list[MathProblem]) -> TokenBatch:
 
 
 def validate(rt: Runtime, val_batch: TokenBatch, val: list[MathProblem], cfg: SFTMasterConfig) -> dict[str, float]:
-    """``val/loss`` (token-mean NLL of held-out solutions) and, if enabled, ``val/accuracy``."""
+    """``val/loss`` (token-mean NLL of held-out solutions) and, if enabled, ``val/accuracy``
+    with the weight-sync probe's errors of the refit before it (``train/refit_*``; a stale
+    engine would score the trainer's checkpoint wrongly, and the run stops on it)."""
     logprobs = rt.policy.get_logprobs(val_batch)
     metrics = {"val/loss": -masked_mean(logprobs, val_batch.completion_mask).item()}
     if cfg.sft.val_accuracy:
-        refit(rt.policy, rt.generation)
+        metrics.update(refit(rt.policy, rt.generation, rt.probe))
         metrics["val/accuracy"] = greedy_accuracy(rt.generation, rt.chat, val, cfg.generation.max_new_tokens)
     return metrics
 

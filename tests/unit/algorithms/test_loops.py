@@ -50,6 +50,9 @@ def test_sft_loop_learns(ray_cluster, small, tmp_path):
     assert sorted(loss, key=int) == [str(s) for s in range(1, 31)]
     assert loss["30"] < 0.8 * loss["1"]
     assert metrics["val/loss"]["30"] < metrics["val/loss"]["0"]
+    # Every validation refits the engine and probes it: the probe ran each time and agreed.
+    assert sorted(metrics["train/refit_logprob_error"], key=int) == ["0", "10", "20", "30"]
+    assert max(metrics["train/refit_logprob_error"].values()) < 1e-4
 
 
 def test_sft_stop_at_val_accuracy_ends_on_the_measurement(ray_cluster, small, monkeypatch):
