@@ -41,3 +41,19 @@ def tiny_model_path() -> str:
     from unit.prepare_unit_test_assets import tiny_model_path as prepared
 
     return str(prepared())
+
+
+@pytest.fixture(scope="module")
+def hf_runtime(ray_cluster, tiny_model_path):
+    """Policy + one Hugging Face generation worker on Ray (``Runtime``), lr 1e-2, probe on.
+
+    Module scope: one pair of actors per test module. Tests train it, so a module's tests
+    must not assume untouched weights; each module gets a fresh one.
+    """
+    from posttrain.algorithms.runtime import setup_runtime
+    from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig
+
+    rt = setup_runtime(ModelConfig(path=tiny_model_path), PolicyConfig(lr=1e-2), GenerationConfig(backend="hf"),
+                       ClusterConfig(cpus_per_worker=0.5), seed=0)
+    yield rt
+    rt.shutdown()

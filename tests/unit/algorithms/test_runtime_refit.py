@@ -4,18 +4,9 @@ import pytest
 import torch
 
 from posttrain.algorithms.loss_functions import NLLLoss
-from posttrain.algorithms.runtime import refit, setup_runtime
-from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig
+from posttrain.algorithms.runtime import refit
 from posttrain.data.batch import make_batch
 from posttrain.models.generation.interfaces import SamplingParams
-
-
-@pytest.fixture(scope="module")
-def runtime(ray_cluster, tiny_model_path):
-    rt = setup_runtime(ModelConfig(path=tiny_model_path), PolicyConfig(lr=1e-2), GenerationConfig(backend="hf"),
-                       ClusterConfig(cpus_per_worker=0.5), seed=0)
-    yield rt
-    rt.shutdown()
 
 
 def _train_once(rt, answer: str = "77"):
@@ -28,8 +19,8 @@ def _greedy(rt, prompts):
     return rt.generation.generate(prompts, SamplingParams(max_new_tokens=4, greedy=True))
 
 
-def test_refit_changes_generation_and_versions_agree(runtime):
-    rt = runtime
+def test_refit_changes_generation_and_versions_agree(hf_runtime):
+    rt = hf_runtime
     prompts = [list(rt.chat.prompt(f"{a}+1=")) for a in range(4)]
     before = _greedy(rt, prompts)
     steps = 0
@@ -48,8 +39,8 @@ def test_refit_changes_generation_and_versions_agree(runtime):
     assert rt.tokenizer.decode(after.completion_ids[0], skip_special_tokens=True) == "77"
 
 
-def test_engine_logprobs_match_trainer_after_refit_and_not_before(runtime):
-    rt = runtime
+def test_engine_logprobs_match_trainer_after_refit_and_not_before(hf_runtime):
+    rt = hf_runtime
     refit(rt.policy, rt.generation)
     prompts = [list(rt.chat.prompt(f"{a}+2=")) for a in range(8)]
     out = rt.generation.generate(prompts, SamplingParams(max_new_tokens=4, seed=1))
@@ -65,8 +56,8 @@ def test_engine_logprobs_match_trainer_after_refit_and_not_before(runtime):
     assert (engine - stale)[mask].abs().max() > 1e-2
 
 
-def test_refit_with_stale_version_raises(runtime, monkeypatch):
-    rt = runtime
+def test_refit_with_stale_version_raises(hf_runtime, monkeypatch):
+    rt = hf_runtime
     monkeypatch.setattr(rt.generation, "update_weights", lambda weights, version: None)
     _train_once(rt)
     with pytest.raises(RuntimeError, match="refit failed: generation engine at weight version"):

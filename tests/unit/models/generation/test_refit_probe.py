@@ -8,8 +8,8 @@ import torch
 from refit_helpers import DropOneTensor, train_step
 
 from posttrain.algorithms.refit_probe import RefitProbe, RefitProbeError, probe_errors, probe_sequences
-from posttrain.algorithms.runtime import refit, setup_runtime
-from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig, RefitProbeConfig
+from posttrain.algorithms.runtime import refit
+from posttrain.config import GenerationConfig, RefitProbeConfig
 from posttrain.errors import ConfigError
 from posttrain.models.generation.factory import num_bundles, resolve_backend
 
@@ -73,14 +73,6 @@ def test_probe_check_bound(error, fails):
 
 
 # --- the probe on the Hugging Face backend: backend-independent, so it runs in the default tier ---
-
-@pytest.fixture(scope="module")
-def hf_runtime(ray_cluster, tiny_model_path):
-    rt = setup_runtime(ModelConfig(path=tiny_model_path), PolicyConfig(lr=1e-2), GenerationConfig(backend="hf"),
-                       ClusterConfig(cpus_per_worker=0.5), seed=0)
-    yield rt
-    rt.shutdown()
-
 
 def test_hf_probe_agrees_after_refit_and_catches_skipped_refit(hf_runtime):
     rt = hf_runtime
