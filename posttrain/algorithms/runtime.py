@@ -77,6 +77,8 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     Raises:
         ConfigError: vLLM asked for and not installed; the cluster cannot hold the bundles.
         EngineStartError: a vLLM engine did not start.
+        WorkerStartError: a policy or generation worker's constructor raised (e.g. weights
+            it cannot load).
     """
     from transformers import AutoTokenizer
 
@@ -88,10 +90,16 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
                            num_gpus=cluster.gpus_per_worker)
     worker_cfg = {**policy.model_dump(), "temperature": generation.temperature, "device": cluster.device}
     pol = Policy(vc, model_path, worker_cfg, seed, bundle_index=0)
+    gen: Generation | None = None
     try:
         gen = create_generation(generation, cluster, vc, model_path, backend, seed)
+        # Both start in parallel; a constructor error surfaces here, as one line.
+        pol.wait_ready()
+        gen.wait_ready()
     except BaseException:
-        pol.shutdown()
+        for part in (gen, pol):
+            if part is not None:
+                part.shutdown()
         vc.shutdown()
         raise
     probe = (RefitProbe(generation.refit_probe, tokenizer, generation.temperature)

@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from posttrain.distributed.ray_cluster import RayVirtualCluster
+from posttrain.errors import PosttrainError
+
+
+class WorkerStartError(PosttrainError):
+    """A worker's constructor raised (a model it cannot load, a device it does not have, ...)."""
+
+
+def creation_error_line(exc: RayActorError) -> str:
+    """``Type: message`` of the exception a failed actor constructor raised.
+
+    Ray hands the driver only the remote traceback as text (``exc.cause`` is None for a
+    creation task), so this takes its last ``Name: ...`` line: the final exception of the chain.
+    """
+    lines = [line for line in str(exc).splitlines() if re.match(r"[A-Za-z_][\w.]*: \S", line)]
+    return lines[-1] if lines else str(exc).strip().splitlines()[0]
 
 
 class RayWorkerGroup:
@@ -35,6 +52,22 @@ class RayWorkerGroup:
             ).remote(*args, rank=rank, **kwargs)
             for rank, i in enumerate(indices)
         ]
+
+    def wait_ready(self, who: str) -> None:
+        """Block until every worker's constructor has returned.
+
+        Construction is asynchronous so that groups start in parallel; call this once all
+        are created, so that a constructor error surfaces here, not at the first call.
+
+        Raises:
+            WorkerStartError: ``"<who> did not start: Type: message"``, one line; the
+                group's workers are killed first.
+        """
+        try:
+            ray.get([w.__ray_ready__.remote() for w in self.workers])
+        except RayActorError as exc:
+            self.shutdown()
+            raise WorkerStartError(f"{who} did not start: {creation_error_line(exc)}") from None
 
     def __len__(self) -> int:
         return len(self.workers)

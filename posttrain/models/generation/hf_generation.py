@@ -29,6 +29,11 @@ class HfGeneration:
                  device: str = "cpu"):
         self.group = RayWorkerGroup(cluster, HfGenerationWorker, model_path, num_threads,
                                     bundle_indices=bundle_indices, device=device)
+        self.model_path = model_path
+
+    def wait_ready(self) -> None:
+        """Block until every worker is up; ``WorkerStartError`` (one line) if one is not."""
+        self.group.wait_ready(f"generation worker for '{self.model_path}'")
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         """Split ``prompts`` into contiguous shards, one per worker, and gather in order."""

@@ -67,6 +67,10 @@ class Generation(Protocol):
         """Version of the weights the engine generates with now."""
         ...
 
+    def wait_ready(self) -> None:
+        """Block until every worker is up; raises ``WorkerStartError`` (one line) if one is not."""
+        ...
+
     def shutdown(self) -> None:
         """Stop the engine's workers (their reserved resources stay with the cluster)."""
         ...

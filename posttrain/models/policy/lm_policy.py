@@ -33,6 +33,14 @@ class Policy:
         self.group = RayWorkerGroup(cluster, HfPolicyWorker, model_path, cfg, seed, bundle_indices=[bundle_index])
         self.model_path = model_path
 
+    def wait_ready(self) -> None:
+        """Block until the worker is up (see :meth:`RayWorkerGroup.wait_ready`).
+
+        Raises:
+            WorkerStartError: its constructor raised (one line).
+        """
+        self.group.wait_ready(f"policy worker for '{self.model_path}'")
+
     def get_logprobs(self, batch: TokenBatch, reference: bool = False) -> torch.Tensor:
         """``[B, L]`` float32 completion logprobs (reference=True: the frozen initial policy)."""
         return self.group.run_all("get_logprobs", batch, reference=reference)[0]

@@ -4,7 +4,7 @@ import pytest
 import ray
 
 from posttrain.distributed.ray_cluster import RayVirtualCluster
-from posttrain.distributed.worker_group import RayWorkerGroup
+from posttrain.distributed.worker_group import RayWorkerGroup, WorkerStartError
 from posttrain.errors import ConfigError
 
 
@@ -28,6 +28,40 @@ def test_worker_group_fans_out_in_rank_order(ray_cluster):
         assert group.run_sharded("double", [[1, 2], [3]]) == [[2, 4], [6]]
         with pytest.raises(ValueError, match="3 shards for 2 workers"):
             group.run_sharded("double", [[1], [2], [3]])
+    finally:
+        group.shutdown()
+        cluster.shutdown()
+
+
+@ray.remote
+class FailsToStart:
+    def __init__(self, rank: int):
+        if rank == 1:
+            try:
+                open("/nonexistent/weights.bin")
+            except OSError as exc:  # a chained error: the last one is the one to report
+                raise ValueError("cannot load weights\nsecond line of the message") from exc
+
+
+def test_wait_ready_passes_when_all_workers_start(ray_cluster):
+    cluster = RayVirtualCluster(2, num_cpus=0.5)
+    group = RayWorkerGroup(cluster, Echo, "t")
+    try:
+        group.wait_ready("echo worker")
+        assert group.run_all("whoami") == [("t", 0), ("t", 1)]
+    finally:
+        group.shutdown()
+        cluster.shutdown()
+
+
+def test_a_constructor_error_is_one_line_at_wait_ready(ray_cluster):
+    cluster = RayVirtualCluster(2, num_cpus=0.5)
+    group = RayWorkerGroup(cluster, FailsToStart)
+    try:
+        with pytest.raises(WorkerStartError) as err:
+            group.wait_ready("test worker")
+        assert str(err.value) == "test worker did not start: ValueError: cannot load weights"
+        assert group.workers == []  # killed: the Ray leak check would fail this test otherwise
     finally:
         group.shutdown()
         cluster.shutdown()

@@ -73,6 +73,9 @@ class VllmGeneration:
                 raise type(cause)(str(cause)) from None
             raise
 
+    def wait_ready(self) -> None:
+        """Nothing to wait for: the constructor already waited for every engine to start."""
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         """Split ``prompts`` into contiguous shards, one per engine, and gather in order.
 
