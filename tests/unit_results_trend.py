@@ -92,9 +92,10 @@ def main(argv: list[str]) -> int:
         parser.exit(2, f"unit_results_trend.py: no run in {args.dir} has {args.metric_key!r}\n")
     for p in points:
         value = "-" if p.value is None else f"{p.value:.6g}"
-        flag = (f"  FLAGGED: {p.value / p.median_before - 1:+.0%} vs median {p.median_before:.6g} of earlier runs"
-                if p.flagged and p.median_before else
-                f"  FLAGGED: vs median {p.median_before} of earlier runs" if p.flagged else "")
+        flag = ""
+        if p.flagged:  # a median of 0 has no relative change to print
+            change = f"{p.value / p.median_before - 1:+.0%} " if p.median_before else ""
+            flag = f"  FLAGGED: {change}vs median {p.median_before:.6g} of earlier runs"
         print(f"{p.start_time}  {p.git_commit[:12]:<12}  {value}{flag}")
     flagged = sum(p.flagged for p in points)
     if flagged:

@@ -27,12 +27,11 @@ import pytest
 import torch
 
 from posttrain.algorithms import grpo, sft
+from posttrain.algorithms.evaluation import greedy_outcomes
 from posttrain.config import load_config
 from posttrain.data.chat import ChatEncoder
 from posttrain.data.datasets import load_problems
-from posttrain.environments.math_verifier import math_reward
 from posttrain.models.generation.hf_generation_worker import HfGenerationWorkerImpl
-from posttrain.models.generation.interfaces import SamplingParams
 
 SEEDS = (0, 1, 2)
 GRPO_STEPS = 40
@@ -48,17 +47,13 @@ COMMON = ["generation.backend=hf", "cluster.cpus_per_worker=0.5", f"data.arithme
           "logger.print_period=1000"]
 
 
-def greedy_outcomes(model_path: str, problems) -> torch.Tensor:
+def held_out_outcomes(model_path: str, problems) -> torch.Tensor:
     """``[P]`` float 1.0/0.0: is the greedy completion of each problem right (in-process, no Ray)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    chat = ChatEncoder(tokenizer)
+    chat = ChatEncoder(AutoTokenizer.from_pretrained(model_path))
     engine = HfGenerationWorkerImpl(model_path, num_threads=1)
-    prompts = [list(chat.prompt(p.question)) for p in problems]
-    out = engine.generate(prompts, SamplingParams(max_new_tokens=4, greedy=True))
-    texts = tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
-    return torch.tensor([math_reward(t, p.answer) for t, p in zip(texts, problems, strict=True)])
+    return torch.tensor(greedy_outcomes(engine, chat, problems, max_new_tokens=4))
 
 
 def paired_gain_lower_bound(before: torch.Tensor, after: torch.Tensor, quantile: float = 0.01,
@@ -103,7 +98,7 @@ def test_grpo_raises_held_out_accuracy_over_three_seeds(ray_cluster, tmp_path) -
     sft_seconds = time.perf_counter() - start
     _, val = load_problems(sft_cfg.data.model_copy(update={"max_val": None}))  # all held-out problems
     assert len(val) == NUM_VAL
-    before = greedy_outcomes(str(warm), val)
+    before = held_out_outcomes(str(warm), val)
     after = []
     for seed in SEEDS:
         cfg = load_config("examples/configs/grpo_arithmetic.yaml",
@@ -113,7 +108,7 @@ def test_grpo_raises_held_out_accuracy_over_three_seeds(ray_cluster, tmp_path) -
                                     f"checkpoint.save_path={tmp_path / f'final{seed}'}"],
                           grpo.GRPOMasterConfig)
         grpo.train(cfg)
-        after.append(greedy_outcomes(str(tmp_path / f"final{seed}"), val))
+        after.append(held_out_outcomes(str(tmp_path / f"final{seed}"), val))
     after_t = torch.stack(after)
     grpo_seconds = time.perf_counter() - start - sft_seconds
     bound = paired_gain_lower_bound(before, after_t)

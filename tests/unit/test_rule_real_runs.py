@@ -53,10 +53,10 @@ def test_both_grpo_scripts_run_the_shared_rules() -> None:
 def resolved_args(script: str, expect_steps: int) -> list[str]:
     """``check_run_args`` with the shell variables replaced as the script computes them."""
     tenth = str((expect_steps + 9) // 10)  # the scripts' tenth: steps in the first / last 10%
+    # sft.sh names it $EXPECT_STEPS (script scope), common.sh $expect_steps (a function local).
     return [
-        str(expect_steps) if a.lower() == "$expect_steps" else
-        a.replace("$((TENTH + 1))", str(int(tenth) + 1)).replace("$((tenth + 1))", str(int(tenth) + 1))
-        .replace("$TENTH", tenth).replace("$tenth", tenth)
+        str(expect_steps) if a in ("$EXPECT_STEPS", "$expect_steps") else
+        a.replace("$((tenth + 1))", str(int(tenth) + 1)).replace("$tenth", tenth)
         for a in check_run_args(script)
     ]
 
