@@ -10,8 +10,8 @@
 #   CI=true               never allocate a terminal (-it), as on CI runners
 # Mounted: the repository at /opt/posttrain (where the image's editable install points), the
 # model-hub cache (HF_HOME or ~/.cache/huggingface), posttrain's tiny-model cache
-# (POSTTRAIN_CACHE or ~/.cache/posttrain), the uv cache (UV_CACHE_DIR or ~/.cache/uv) and,
-# read-only, GSM8K (POSTTRAIN_GSM8K_DIR or ../shared/data/gsm8k) when it exists.
+# (POSTTRAIN_CACHE or ~/.cache/posttrain) and the uv cache (UV_CACHE_DIR or ~/.cache/uv).
+# GSM8K ships inside the repository (data/gsm8k), so it comes with the repository mount.
 set -euo pipefail
 
 CONTAINER_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -51,13 +51,6 @@ container_run_options() {
   echo --volume="$hub:/cache/huggingface"
   echo --volume="$tiny:/cache/posttrain"
   echo --volume="$uv:/cache/uv"
-  # GSM8K (DESIGN.md: ../shared/data/gsm8k beside the checkout) where the config's default
-  # path and the tests look for it inside: beside /opt/posttrain.
-  local gsm8k=${POSTTRAIN_GSM8K_DIR:-$CONTAINER_REPO/../shared/data/gsm8k}
-  if [ -d "$gsm8k" ]; then
-    echo --volume="$(cd "$gsm8k" && pwd):/opt/shared/data/gsm8k:ro"
-    echo --env=POSTTRAIN_GSM8K_DIR=/opt/shared/data/gsm8k
-  fi
   echo --env=CI="${CI:-}"
 }
 

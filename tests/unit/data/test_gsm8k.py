@@ -1,33 +1,14 @@
 """Tests for posttrain.data.gsm8k: loading GSM8K-format JSONL and its error messages."""
 
 import json
-import os
 import re
 from pathlib import Path
 
 import pytest
 
+from posttrain.config import GSM8K_DIR
 from posttrain.data.gsm8k import load_gsm8k
 from posttrain.errors import ConfigError, DataError
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-def _gsm8k_dir() -> Path:
-    """$POSTTRAIN_GSM8K_DIR, else the shared data beside (or inside) the checkout (DESIGN.md)."""
-    if "POSTTRAIN_GSM8K_DIR" in os.environ:
-        return Path(os.environ["POSTTRAIN_GSM8K_DIR"])
-    candidates = [
-        root / "shared" / "data" / "gsm8k" for root in (REPO_ROOT.parent, REPO_ROOT)
-    ]
-    return next((c for c in candidates if c.is_dir()), candidates[0])
-
-
-GSM8K_DIR = _gsm8k_dir()
-needs_gsm8k = pytest.mark.skipif(
-    not (GSM8K_DIR / "train.jsonl").is_file(),
-    reason=f"GSM8K data not found under {GSM8K_DIR} (set POSTTRAIN_GSM8K_DIR)",
-)
 
 
 def _write(tmp_path: Path, lines: list[str]) -> Path:
@@ -40,7 +21,6 @@ def _record(question: str = "Q?", answer: str = "Work.\n#### 5") -> str:
     return json.dumps({"question": question, "answer": answer})
 
 
-@needs_gsm8k
 def test_real_train_file_loads_every_problem() -> None:
     problems = load_gsm8k(GSM8K_DIR / "train.jsonl")
     assert len(problems) == 7473
@@ -54,7 +34,6 @@ def test_real_train_file_loads_every_problem() -> None:
     assert all(p.answer.lstrip("-").isdigit() for p in problems)
 
 
-@needs_gsm8k
 def test_real_test_file_and_limit() -> None:
     assert len(load_gsm8k(GSM8K_DIR / "test.jsonl")) == 1319
     assert len(load_gsm8k(str(GSM8K_DIR / "test.jsonl"), limit=5)) == 5

@@ -113,14 +113,11 @@ def gpu_flags(argv: list[str]) -> list[str]:
     return [a for a in argv if a.startswith(("--gpus", "--device"))]
 
 
-def test_gsm8k_is_mounted_read_only_only_when_present(stub_bin, tmp_path):
-    data = tmp_path / "gsm8k"
-    data.mkdir()
-    _, argv = run(UNIT, [], stub_bin, tmp_path, POSTTRAIN_GSM8K_DIR=str(data))
-    assert f"--volume={data}:/opt/shared/data/gsm8k:ro" in argv
-    assert "--env=POSTTRAIN_GSM8K_DIR=/opt/shared/data/gsm8k" in argv
-    _, argv = run(UNIT, [], stub_bin, tmp_path, POSTTRAIN_GSM8K_DIR=str(tmp_path / "missing"))
-    assert not [a for a in argv if "/opt/shared/data/gsm8k" in a], argv
+def test_no_mount_outside_the_repository_and_its_caches(stub_bin, tmp_path):
+    """GSM8K ships in the repository (data/gsm8k): nothing beside the checkout is mounted."""
+    _, argv = run(UNIT, [], stub_bin, tmp_path, HF_HOME=str(tmp_path / "hub"), UV_CACHE_DIR=str(tmp_path / "uv"))
+    targets = sorted(a.split(":")[1] for a in argv if a.startswith("--volume="))
+    assert targets == ["/cache/huggingface", "/cache/posttrain", "/cache/uv", "/opt/posttrain"], argv
 
 
 @pytest.mark.parametrize("engine, gpu_flag", [("docker", "--gpus=all"), ("podman", "--device=nvidia.com/gpu=all")])
