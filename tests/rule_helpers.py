@@ -158,13 +158,15 @@ def std(values: Any, range_start: int = 1, range_end: int = 0) -> float:
     """Population standard deviation over the steps in ``[range_start, range_end)`` (as ``mean``).
 
     Returns:
-        ``sqrt(sum((v - m)^2) / n)``; 0.0 for a single value.
+        ``sqrt(sum((v - m)^2) / n)``; exactly 0.0 for a constant series or a single value.
 
     Raises:
         ValueError: no logged step in the range.  NonFiniteError: a value is NaN/inf.
     """
     _, vals = _window(finite_series(values), range_start, range_end)
-    m = math.fsum(vals) / len(vals)
+    # The correctly rounded mean of a constant is that constant, so `std(x) > 0` fails on a
+    # frozen metric; fsum/n can be off by an ulp (0.1 x 3 steps gave std 1.4e-17).
+    m = exact_mean(vals)
     return math.sqrt(math.fsum((v - m) ** 2 for v in vals) / len(vals))
 
 
@@ -181,7 +183,7 @@ def slope(values: Any, range_start: int = 1, range_end: int = 0) -> float:
     if len(vals) < 2:
         raise ValueError(f"slope needs at least two steps, got {len(vals)}")
     x_mean = math.fsum(steps) / len(steps)
-    y_mean = math.fsum(vals) / len(vals)
+    y_mean = exact_mean(vals)  # a constant series: every y - y_mean is 0, so the slope is exactly 0
     sxy = math.fsum((x - x_mean) * (y - y_mean) for x, y in zip(steps, vals, strict=True))
     sxx = math.fsum((x - x_mean) ** 2 for x in steps)
     return sxy / sxx

@@ -2,9 +2,19 @@
 
 ``--pack grpo`` adds: loss and grad norm finite on every step, grad norm non-zero on every
 step, reward groups not all zero-variance on any step, entropy above a floor, KL finite,
-and generation/trainer logprob agreement within a bound (when that metric is logged).
-``--pack sft`` adds the loss / grad-norm / entropy checks and a finite ``val/loss`` when
-logged. Bounds have defaults per pack and a CLI flag each (``PACK_BOUNDS``).
+generation/trainer logprob agreement within a bound (when that metric is logged), and
+loss, grad norm, entropy, KL and mean reward not constant over the run.
+``--pack sft`` adds the loss / grad-norm / entropy checks, a finite ``val/loss``, and loss,
+grad norm, entropy and ``val/loss`` not constant (entropy and ``val/loss`` when logged).
+Bounds have defaults per pack and a CLI flag each (``PACK_BOUNDS``).
+
+"Not constant" is ``std(...) > 0``: a metric frozen at one value (a logger that writes a
+stale number, a loss that is not the one being optimized, a policy that never updates)
+passes every range check while the run learns nothing. Only metrics that move in every
+real run are checked: ``train/token_mult_prob_error`` and ``train/refit_*`` are exactly
+1.0 / 0.0 on the Hugging Face engine, the learning rate may be constant, and the clip
+fraction may be 0 on every step of a short run. ``val/loss`` is read from step 0 (the
+evaluation before training), since a short run may evaluate only at step 0 and its last step.
 """
 
 from __future__ import annotations
@@ -52,6 +62,13 @@ def _m(metric: str) -> str:
     return f'data["{metric}"]'
 
 
+def _moves(metric: str, optional: bool = False, from_step_0: bool = False) -> PackCheck:
+    """``std(metric) > 0``: not the same value on every step (``from_step_0``: count the
+    evaluation before training too; ``std`` starts at step 1 by default)."""
+    window = ", 0" if from_step_0 else ""
+    return PackCheck(metric, f"std({_m(metric)}{window}) > 0", optional=optional)
+
+
 # fmt: off
 PACKS: dict[str, tuple[PackCheck, ...]] = {
     "grpo": (
@@ -64,6 +81,8 @@ PACKS: dict[str, tuple[PackCheck, ...]] = {
         PackCheck("train/kl", f"all_finite({_m('train/kl')})"),
         PackCheck("train/token_mult_prob_error", f"max({_m('train/token_mult_prob_error')}) < {{max_logprob_error}}",
                   "max_logprob_error", optional=True),
+        _moves("train/loss"), _moves("train/grad_norm"), _moves("train/entropy"), _moves("train/kl"),
+        _moves("train/reward_mean"),
     ),
     "sft": (
         PackCheck("train/loss", f"all_finite({_m('train/loss')})"),
@@ -71,6 +90,8 @@ PACKS: dict[str, tuple[PackCheck, ...]] = {
         PackCheck("train/grad_norm", f"min({_m('train/grad_norm')}) > {{min_grad_norm}}", "min_grad_norm"),
         PackCheck("train/entropy", f"min({_m('train/entropy')}) > {{min_entropy}}", "min_entropy", optional=True),
         PackCheck("val/loss", f"all_finite({_m('val/loss')})", optional=True),
+        _moves("train/loss"), _moves("train/grad_norm"), _moves("train/entropy", optional=True),
+        _moves("val/loss", optional=True, from_step_0=True),
     ),
 }
 # fmt: on

@@ -176,6 +176,22 @@ class TestMean:
             mean(ONE_TO_TEN, ignore_top_p=p)
 
 
+class TestAConstantMetricDoesNotMove:
+    """``std(x) > 0`` ("x moves") and ``slope(x) < 0`` ("x falls") must fail on a frozen metric,
+    whatever its value: the mean they subtract must be exactly the constant, not an ulp off."""
+
+    # 0.1 x 3 steps and 0.058 x 20 steps: sum / n is an ulp off the value (std was ~1e-17)
+    @pytest.mark.parametrize(("value", "steps"), [(0.1, 3), (0.058, 20), (7.9, 304)])
+    def test_std_of_a_constant_is_exactly_zero(self, value, steps):
+        frozen = {str(s): value for s in range(1, steps + 1)}
+        assert not check_rules({"train/kl": frozen}, ['std(data["train/kl"]) > 0'])[0].passed
+
+    def test_slope_of_a_constant_over_a_resumed_run_is_exactly_zero(self):
+        # steps with gaps (a resumed run): the naive slope of this constant was -1.2e-35
+        frozen = {str(s): 0.115 for s in (69, 132, 178, 267, 331, 334, 335, 419, 442)}
+        assert not check_rules({"train/loss": frozen}, ['slope(data["train/loss"]) < 0'])[0].passed
+
+
 # --------------------------------------------------------------------------- evaluation
 
 

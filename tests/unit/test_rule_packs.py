@@ -11,14 +11,31 @@ from rule_packs import PACK_BOUNDS, PACKS, pack_rules
 
 
 def grpo_run(steps: int = 20, **overrides: dict[str, float]) -> dict:
-    """A healthy GRPO log; ``overrides`` replace whole metrics."""
+    """A healthy GRPO log; ``overrides`` replace whole metrics.
+
+    As in a real run, loss, grad norm, entropy, KL (from 0 at the first update, away from the
+    reference) and mean reward move; the logprob error is exactly 1.0 (engine and trainer agree).
+    """
     data = {
         "train/loss": {str(s): 0.01 * (-1) ** s for s in range(1, steps + 1)},
         "train/grad_norm": {str(s): 1.5 + 0.01 * s for s in range(1, steps + 1)},
         "train/fraction_groups_kept": {str(s): 0.8 for s in range(1, steps + 1)},
         "train/entropy": {str(s): 0.4 - 0.005 * s for s in range(1, steps + 1)},
-        "train/kl": {str(s): 0.1 for s in range(1, steps + 1)},
+        "train/kl": {str(s): 0.004 * (s - 1) for s in range(1, steps + 1)},
+        "train/reward_mean": {str(s): 0.2 + 0.01 * s for s in range(1, steps + 1)},
         "train/token_mult_prob_error": {str(s): 1.0 for s in range(1, steps + 1)},
+    }
+    return normalize({**data, **overrides})
+
+
+def sft_run(**overrides: dict[str, float]) -> dict:
+    """A healthy 20-step SFT log (val/loss before training and at the last step); ``overrides``
+    replace whole metrics."""
+    data = {
+        "train/loss": {str(s): 3.0 - 0.1 * s for s in range(1, 21)},
+        "train/grad_norm": {str(s): 2.0 - 0.05 * s for s in range(1, 21)},
+        "train/entropy": {str(s): 3.0 - 0.08 * s for s in range(1, 21)},
+        "val/loss": {"0": 3.0, "20": 1.2},
     }
     return normalize({**data, **overrides})
 
@@ -88,14 +105,64 @@ def test_bounds_are_overridable():
 
 
 def test_sft_pack():
-    data = normalize(
-        {
-            "train/loss": {str(s): 3.0 - 0.1 * s for s in range(1, 21)},
-            "train/grad_norm": {str(s): 2.0 for s in range(1, 21)},
-            "train/entropy": {str(s): 2.0 for s in range(1, 21)},
-            "val/loss": {"0": 3.0, "20": 1.2},
-        }
-    )
+    data = sft_run()
+    # every check passes and none is vacuous; val/loss moves from step 0 to the last step
     assert set(statuses(data, "sft").values()) == {"PASS"}
     data["val/loss"] = normalize({"v": {"0": 3.0, "20": math.nan}})["v"]
     assert statuses(data, "sft")['all_finite(data["val/loss"])'] == "FAIL"
+
+
+# --- metrics that must move: a constant one fails -----------------------------------------
+
+MUST_MOVE = [
+    ("grpo", "train/loss", 'std(data["train/loss"]) > 0'),
+    ("grpo", "train/grad_norm", 'std(data["train/grad_norm"]) > 0'),
+    ("grpo", "train/entropy", 'std(data["train/entropy"]) > 0'),
+    ("grpo", "train/kl", 'std(data["train/kl"]) > 0'),
+    ("grpo", "train/reward_mean", 'std(data["train/reward_mean"]) > 0'),
+    ("sft", "train/loss", 'std(data["train/loss"]) > 0'),
+    ("sft", "train/grad_norm", 'std(data["train/grad_norm"]) > 0'),
+    ("sft", "train/entropy", 'std(data["train/entropy"]) > 0'),
+    ("sft", "val/loss", 'std(data["val/loss"], 0) > 0'),
+]
+RUNS = {"grpo": grpo_run, "sft": sft_run}
+
+
+def constant_like(data: dict, metric: str, value: float) -> dict:
+    """``metric`` with ``value`` on every step it was logged at."""
+    return {step: value for step in data[metric]}
+
+
+@pytest.mark.parametrize(("pack", "metric", "rule"), MUST_MOVE)
+def test_each_must_move_check_passes_on_a_moving_metric_and_is_not_vacuous(pack, metric, rule):
+    assert statuses(RUNS[pack](), pack)[rule] == "PASS"
+
+
+# 0.5 sums exactly; 0.058 and 0.23 over 20 steps do not (sum/20 is an ulp off the value),
+# which gave a frozen metric a std of ~1e-17 > 0 before std took the exact mean. All three
+# are above the entropy floors, so only the must-move check can see the frozen metric.
+@pytest.mark.parametrize("value", [0.5, 0.058, 0.23])
+@pytest.mark.parametrize(("pack", "metric", "rule"), MUST_MOVE)
+def test_each_must_move_check_fails_on_a_constant_metric(pack, metric, rule, value):
+    healthy = RUNS[pack]()
+    result = statuses(RUNS[pack](**{metric: constant_like(healthy, metric, value)}), pack)
+    assert result[rule] == "FAIL"
+    # a frozen metric fails only its must-move check (a constant grad norm or entropy is still
+    # finite and above its floor)
+    assert [r for r, status in result.items() if status != "PASS"] == [rule]
+
+
+@pytest.mark.parametrize("metric", ["train/entropy", "val/loss"])
+def test_must_move_checks_of_optional_sft_metrics_are_skipped_when_not_logged(metric):
+    data = sft_run()
+    del data[metric]
+    rule = next(r for p, m, r in MUST_MOVE if p == "sft" and m == metric)
+    assert statuses(data, "sft")[rule] == "SKIP"
+
+
+def test_metrics_that_are_legitimately_constant_have_no_must_move_check():
+    """Exactly 1.0 / 0.0 on the Hugging Face engine, a constant lr, no clipping in a short run."""
+    for pack in PACKS:
+        rules = " ".join(spec.text for spec in pack_rules(pack, {}, {}) if spec.text.startswith("std("))
+        for metric in ("train/token_mult_prob_error", "train/refit_", "train/lr", "train/clip_fraction"):
+            assert metric not in rules, (pack, metric)

@@ -26,6 +26,7 @@ from pathlib import Path
 import check_metrics
 import pytest
 from rule_checker import CheckOptions, RuleSpec, normalize, run_checks
+from rule_packs import pack_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "metrics"
@@ -169,3 +170,47 @@ class TestCommonSh:
     def test_config_value_of_an_unset_key_fails(self):
         proc = self.bash("config_value examples/configs/grpo_arithmetic.yaml grpo.no_such_key")
         assert proc.returncode != 0 and "grpo.no_such_key" in proc.stderr
+
+
+# --- the packs' must-move checks on the real runs ------------------------------------------
+
+REAL_RUNS = {"grpo.sh": ("grpo_vllm_healthy.json", 300), "sft.sh": ("sft_gsm8k.json", 60)}
+
+
+def script_report(script: str, data: dict, tmp_path: Path) -> tuple[int, dict[str, dict]]:
+    """The script's rules on ``data`` (a metrics dict): exit code and rule -> --output-json row."""
+    metrics, report = tmp_path / "metrics.json", tmp_path / "report.json"
+    metrics.write_text(json.dumps(data))
+    steps = REAL_RUNS[script][1]
+    code = check_metrics.main([str(metrics), *resolved_args(script, steps), "--output-json", str(report)])
+    return code, {row["rule"]: row for row in json.loads(report.read_text())}
+
+
+def must_move_rules(script: str) -> list[str]:
+    args = check_run_args(script)
+    pack = args[args.index("--pack") + 1]
+    return [spec.text for spec in pack_rules(pack, {}, {}) if spec.text.startswith("std(")]
+
+
+@pytest.mark.parametrize("script", sorted(REAL_RUNS))
+def test_every_must_move_check_runs_and_passes_on_the_real_run(script, tmp_path):
+    """Each pack check that a metric moves is evaluated (not SKIP) and PASSes, not VACUOUS."""
+    data = json.loads((FIXTURES / REAL_RUNS[script][0]).read_text())
+    code, rows = script_report(script, data, tmp_path)
+    statuses = {rule: rows[rule]["status"] for rule in must_move_rules(script)}
+    assert code == 0 and len(statuses) >= 4 and set(statuses.values()) == {"PASS"}, statuses
+
+
+@pytest.mark.parametrize(
+    ("script", "rule"), [(script, rule) for script in sorted(REAL_RUNS) for rule in must_move_rules(script)]
+)
+def test_a_real_run_with_one_metric_frozen_fails_its_must_move_check(script, rule, tmp_path):
+    """The real run with one metric stuck at its first value on every step (a stale log)."""
+    data = json.loads((FIXTURES / REAL_RUNS[script][0]).read_text())
+    metric = re.search(r'data\["([^"]+)"\]', rule).group(1)
+    first = data[metric][min(data[metric], key=int)]
+    data[metric] = dict.fromkeys(data[metric], first)
+    code, rows = script_report(script, data, tmp_path)
+    assert code == 1 and rows[rule]["status"] == "FAIL"
+    # nothing else fails for another reason (other checks of the frozen metric may fail too)
+    assert [r for r, row in rows.items() if row["status"] != "PASS" and metric not in r] == []
