@@ -83,6 +83,21 @@ def test_nan_is_kept_so_the_rules_can_fail_it(tmp_path):
     assert math.isnan(dump_tb_logs(tmp_path)["train/grad_norm"]["1"])
 
 
+@pytest.mark.parametrize("step", [0, 1, 2], ids=["first-step", "middle-step", "last-step"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_non_finite_values_keep_their_kind_through_the_output_file(tmp_path, bad, step):
+    """NaN stays NaN, +inf +inf, -inf -inf (JSON NaN / Infinity / -Infinity), at any step."""
+    values = [0.5, 0.25, 0.125]
+    values[step] = bad
+    write_scalars(tmp_path / "tb", [("train/loss", v, s, 100.0 + s) for s, v in enumerate(values)])
+    out = tmp_path / "metrics.json"
+    assert json_dump_tb_logs.main([str(tmp_path / "tb"), "--output", str(out)]) == 0
+    dumped = json.loads(out.read_text())["train/loss"]
+    assert list(dumped) == ["0", "1", "2"]
+    kept = [math.isnan(dumped[str(s)]) if math.isnan(v) else dumped[str(s)] == v for s, v in enumerate(values)]
+    assert kept == [True] * 3, dumped
+
+
 def test_no_event_files_raises(tmp_path):
     (tmp_path / "empty_subdir").mkdir()
     with pytest.raises(FileNotFoundError, match="no TensorBoard event files"):

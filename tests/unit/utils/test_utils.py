@@ -130,6 +130,34 @@ def test_non_finite_values_are_kept(tmp_path: Path) -> None:
     assert data["train/grad_norm"]["0"] == math.inf
 
 
+def _same_value(a: float, b: float) -> bool:
+    """Equal, with NaN equal to NaN (and +inf never equal to -inf)."""
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+@pytest.mark.parametrize("position", [0, 1, 2], ids=["first-step", "middle-step", "last-step"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_non_finite_values_keep_their_kind_in_both_files(tmp_path: Path, bad: float, position: int) -> None:
+    """NaN stays NaN, +inf +inf, -inf -inf in metrics.json and in the event files: never a number."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    values = [0.5, 0.25, 0.125]
+    values[position] = bad
+    logger = MetricsLogger(tmp_path, print_period=1000)
+    try:
+        for step, value in enumerate(values, start=1):
+            logger.log({"train/loss": value}, step=step)
+    finally:
+        logger.close()
+    logged = json.loads((tmp_path / "metrics.json").read_text())["train/loss"]
+    assert [_same_value(logged[str(s)], v) for s, v in enumerate(values, start=1)] == [True] * 3, logged
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    written = [(s.step, s.value) for s in acc.Scalars("train/loss")]
+    assert [s for s, _ in written] == [1, 2, 3]
+    assert [_same_value(v, values[i]) for i, (_, v) in enumerate(written)] == [True] * 3, written
+
+
 def test_tensorboard_event_files_are_written(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
