@@ -28,9 +28,9 @@ import torch
 from posttrain.algorithms import grpo
 from posttrain.algorithms.runtime import refit
 from posttrain.config import ClusterConfig, GenerationConfig, PolicyConfig, load_config
-from posttrain.data.arithmetic import sample_prompts
 from posttrain.data.chat import ChatEncoder
 from posttrain.data.datasets import load_problems
+from posttrain.data.sampler import EpochSampler
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
 from posttrain.models.generation.factory import create_generation, resolve_backend
 from posttrain.models.generation.interfaces import SamplingParams
@@ -50,7 +50,6 @@ SCALES = {
 
 def bench_engine(backend: str, model_path: str, rounds: int, max_new_tokens: int) -> dict[str, float]:
     """Start-up (s), generation tokens/s (median over ``rounds``), refit (s, median) of one backend."""
-    import random
 
     from transformers import AutoTokenizer
 
@@ -68,12 +67,12 @@ def bench_engine(backend: str, model_path: str, rounds: int, max_new_tokens: int
     try:
         chat = ChatEncoder(AutoTokenizer.from_pretrained(model_path))
         problems, _ = load_problems(cfg.data)
-        rng = random.Random(0)
+        sampler = EpochSampler(problems, 16, seed=0)
         rates, refits = [], []
         workers = engine.group.workers if hasattr(engine, "group") else engine.workers
         threads = ray.get(workers[0].__ray_call__.remote(lambda _: torch.get_num_threads()))
         for r in range(rounds + 1):  # round 0 warms up
-            batch = [p for p in sample_prompts(problems, 16, rng) for _ in range(8)]
+            batch = [p for p in sampler.batch(r + 1) for _ in range(8)]
             prompts = [list(chat.prompt(p.question)) for p in batch]
             t = time.perf_counter()
             out = engine.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, seed=r))

@@ -12,7 +12,6 @@ Notation: N = P * G rollouts per step, B rows kept for training, L completion wi
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -25,9 +24,9 @@ from posttrain.algorithms.evaluation import greedy_accuracy, is_validation_step
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.runtime import Runtime, open_run, refit
 from posttrain.config import RunConfig, Section
-from posttrain.data.arithmetic import sample_prompts
 from posttrain.data.batch import TokenBatch, make_batch
 from posttrain.data.datasets import load_problems
+from posttrain.data.sampler import EpochSampler
 from posttrain.data.types import MathProblem
 from posttrain.environments.math_verifier import math_reward
 from posttrain.models.generation.interfaces import SamplingParams
@@ -145,13 +144,13 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
     """Run GRPO as configured; returns the logged metrics (also in ``<log_dir>/metrics.json``)."""
     train_problems, val_problems = load_problems(cfg.data)
     loss_fn = ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef)
-    rng = random.Random(cfg.grpo.seed)
+    sampler = EpochSampler(train_problems, cfg.grpo.num_prompts_per_step, cfg.grpo.seed)
     timer = Timer()
     with open_run(cfg, cfg.grpo.seed) as (rt, logger):
         logger.log(validate(rt, val_problems, cfg), step=0)
         for step in range(1, cfg.grpo.num_steps + 1):
             start = time.perf_counter()
-            problems = sample_prompts(train_problems, cfg.grpo.num_prompts_per_step, rng)
+            problems = sampler.batch(step)
             with timer.time("generation"):
                 rollouts = generate_rollouts(rt, problems, cfg, step)
             with timer.time("reward"):

@@ -8,7 +8,6 @@ count gives warm starts of very different quality).
 
 from __future__ import annotations
 
-import random
 import time
 
 from pydantic import Field
@@ -17,10 +16,10 @@ from posttrain.algorithms.evaluation import greedy_accuracy, is_validation_step
 from posttrain.algorithms.loss_functions import NLLLoss
 from posttrain.algorithms.runtime import Runtime, open_run, refit
 from posttrain.config import RunConfig, Section
-from posttrain.data.arithmetic import sample_prompts
 from posttrain.data.batch import TokenBatch, make_batch
 from posttrain.data.chat import ChatEncoder
 from posttrain.data.datasets import load_problems
+from posttrain.data.sampler import EpochSampler
 from posttrain.data.types import MathProblem
 from posttrain.ops import masked_mean
 from posttrain.utils.timer import Timer
@@ -67,7 +66,7 @@ def _reached_target(metrics: dict[str, float], target: float | None) -> bool:
 def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
     """Run SFT as configured; returns the logged metrics (also in ``<log_dir>/metrics.json``)."""
     train_problems, val_problems = load_problems(cfg.data)
-    rng = random.Random(cfg.sft.seed)
+    sampler = EpochSampler(train_problems, cfg.sft.batch_size, cfg.sft.seed)
     timer = Timer()
     with open_run(cfg, cfg.sft.seed) as (rt, logger):
         val_batch = sft_batch(rt.chat, val_problems[: cfg.sft.val_loss_size])
@@ -78,7 +77,7 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
                 break
             start = time.perf_counter()
             with timer.time("data"):
-                batch = sft_batch(rt.chat, sample_prompts(train_problems, cfg.sft.batch_size, rng))
+                batch = sft_batch(rt.chat, sampler.batch(step))
             with timer.time("train"):
                 metrics = {f"train/{k}": v for k, v in rt.policy.train(batch, {}, NLLLoss()).items()}
             if is_validation_step(step, cfg.sft.val_period, cfg.sft.num_steps):

@@ -100,29 +100,6 @@ def split(task: ArithmeticTask) -> tuple[list[MathProblem], list[MathProblem]]:
     return problems[task.num_val :], problems[: task.num_val]
 
 
-def sample_prompts(
-    problems: list[MathProblem], n: int, rng: random.Random
-) -> list[MathProblem]:
-    """Draw ``n`` distinct problems (no repeats within one call) for one training step.
-
-    Args:
-        problems: the pool, e.g. the train split.
-        n: how many to draw (``1 <= n <= len(problems)``).
-        rng: the caller's random stream; it advances, so successive calls differ.
-
-    Returns:
-        ``n`` problems from ``problems``, in random order.
-
-    Raises:
-        ConfigError: if ``n`` is below 1 or larger than the pool.
-    """
-    if not 1 <= n <= len(problems):
-        raise ConfigError(
-            f"cannot draw {n} distinct prompts from a pool of {len(problems)} problems"
-        )
-    return rng.sample(problems, n)
-
-
 def _problem_at(task: ArithmeticTask, index: int) -> MathProblem:
     """Decode a flat index ``op_index * N**2 + a * N + b`` into its problem."""
     n = 10**task.operand_digits

@@ -1,10 +1,9 @@
 """Tests for posttrain.data.arithmetic: the seeded, disjoint train/validation split."""
 
-import random
 
 import pytest
 
-from posttrain.data.arithmetic import ArithmeticTask, sample_prompts, split
+from posttrain.data.arithmetic import ArithmeticTask, split
 from posttrain.data.types import MathProblem
 from posttrain.errors import ConfigError
 
@@ -107,28 +106,6 @@ def test_bad_config_raises_one_line_naming_the_value(kwargs: dict, names: str) -
     message = str(info.value)
     assert names in message
     assert "\n" not in message
-
-
-def test_sample_prompts_draws_distinct_problems_reproducibly() -> None:
-    train, _ = split(ArithmeticTask())
-    batch = sample_prompts(train, 64, random.Random(7))
-    assert len(batch) == 64
-    assert len(set(_questions(batch))) == 64
-    assert set(_questions(batch)) <= set(_questions(train))
-    assert sample_prompts(train, 64, random.Random(7)) == batch
-    rng = random.Random(7)
-    assert sample_prompts(train, 64, rng) != sample_prompts(train, 64, rng)
-
-
-def test_sample_prompts_whole_pool_and_too_many() -> None:
-    pool = split(ArithmeticTask(operand_digits=1, num_val=90))[0]
-    assert sorted(_questions(sample_prompts(pool, 10, random.Random(0)))) == sorted(
-        _questions(pool)
-    )
-    with pytest.raises(ConfigError, match="11"):
-        sample_prompts(pool, 11, random.Random(0))
-    with pytest.raises(ConfigError):
-        sample_prompts(pool, 0, random.Random(0))
 
 
 def _parse(question: str) -> tuple[int, str, int]:
