@@ -73,18 +73,26 @@ class RayWorkerGroup:
         return len(self.workers)
 
     def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call ``method`` with the same arguments on every worker; results in rank order."""
-        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+        """Call ``method`` with the same arguments on every worker; results in rank order.
 
-    def run_sharded(self, method: str, shards: Sequence[Any], **kwargs: Any) -> list[Any]:
-        """Call ``method(shards[rank], **kwargs)`` on worker ``rank``; results in rank order.
+        Positional arguments go into the object store once and every worker reads that
+        copy (a refit's state dict is not serialized once per worker).
+        """
+        refs = [ray.put(a) for a in args] if len(self.workers) > 1 else list(args)
+        return ray.get([getattr(w, method).remote(*refs, **kwargs) for w in self.workers])
+
+    def run_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]:
+        """Call ``method(shards[0][rank], shards[1][rank], ..., **kwargs)`` on worker ``rank``;
+        results in rank order. Each positional argument holds one shard per worker.
 
         Raises:
-            ValueError: the number of shards differs from the number of workers.
+            ValueError: a shard list's length differs from the number of workers.
         """
-        if len(shards) != len(self.workers):
-            raise ValueError(f"{len(shards)} shards for {len(self.workers)} workers")
-        return ray.get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards, strict=True)])
+        for shard_list in shards:
+            if len(shard_list) != len(self.workers):
+                raise ValueError(f"{len(shard_list)} shards for {len(self.workers)} workers")
+        per_worker = zip(self.workers, *shards, strict=True)
+        return ray.get([getattr(w, method).remote(*args, **kwargs) for w, *args in per_worker])
 
     def shutdown(self) -> None:
         """Kill every worker (their reserved bundles stay with the cluster)."""

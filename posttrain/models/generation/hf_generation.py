@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ray
 import torch
 
 from posttrain.distributed.ray_cluster import RayVirtualCluster
@@ -43,14 +42,13 @@ class HfGeneration:
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
         """Teacher-forced logprobs of ``completions`` (see ``Generation.score``), sharded like :meth:`generate`."""
         n = len(self.group)
-        refs = [w.score.remote(p, c, temperature) for w, p, c in
-                zip(self.group.workers, contiguous_shards(prompts, n), contiguous_shards(completions, n), strict=True)]
-        return [row for rows in ray.get(refs) for row in rows]
+        shards = self.group.run_sharded("score", contiguous_shards(prompts, n), contiguous_shards(completions, n),
+                                        temperature=temperature)
+        return [row for rows in shards for row in rows]
 
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        """Refit: put the weights in the object store once, load them on every worker."""
-        ref = ray.put(weights)
-        self.group.run_all("update_weights", ref, version)
+        """Refit: the weights go into the object store once; every worker loads them."""
+        self.group.run_all("update_weights", weights, version)
 
     def weight_version(self) -> int:
         """The engine's weight version (all workers must agree)."""

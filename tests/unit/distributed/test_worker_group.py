@@ -19,6 +19,9 @@ class Echo:
     def double(self, xs: list[int]) -> list[int]:
         return [2 * x for x in xs]
 
+    def add(self, xs: list[int], ys: list[int], scale: int = 1) -> list[int]:
+        return [scale * (x + y) for x, y in zip(xs, ys, strict=True)]
+
 
 def test_worker_group_fans_out_in_rank_order(ray_cluster):
     cluster = RayVirtualCluster(2, num_cpus=0.5)
@@ -26,8 +29,12 @@ def test_worker_group_fans_out_in_rank_order(ray_cluster):
     try:
         assert group.run_all("whoami") == [("t", 0), ("t", 1)]
         assert group.run_sharded("double", [[1, 2], [3]]) == [[2, 4], [6]]
+        # several shard lists: worker r gets the r-th shard of each
+        assert group.run_sharded("add", [[1], [2, 3]], [[10], [20, 30]], scale=2) == [[22], [44, 66]]
         with pytest.raises(ValueError, match="3 shards for 2 workers"):
             group.run_sharded("double", [[1], [2], [3]])
+        with pytest.raises(ValueError, match="1 shards for 2 workers"):
+            group.run_sharded("add", [[1], [2]], [[1]])
     finally:
         group.shutdown()
         cluster.shutdown()
