@@ -84,16 +84,26 @@ def compute_logprobs(
     return torch.log_softmax(selected, dim=-1).gather(-1, targets[:, :, None]).squeeze(-1)
 
 
-def compute_entropy(logits: torch.Tensor, prompt_lens: torch.Tensor, completion_len: int) -> torch.Tensor:
-    """Entropy (nats) of the next-token distribution at each completion position.
+def compute_entropy(logits: torch.Tensor, prompt_lens: torch.Tensor, completion_len: int,
+                    temperature: float = 1.0) -> torch.Tensor:
+    """Entropy (nats) of the sampling distribution ``softmax(logits / T)`` at each completion
+    position: the distribution the completion tokens were drawn from and that
+    :func:`compute_logprobs` scores.
 
     Args:
         logits: ``[B, S, V]``; prompt_lens: ``[B]``; completion_len: L.
+        temperature: the sampling temperature (> 0).
 
     Returns:
-        ``[B, L]`` float32 entropies ``-sum_v p_v log p_v``.
+        ``[B, L]`` float32 entropies ``-sum_v p_v log p_v``; entries past a sequence's
+        completion are meaningless and must be masked.
+
+    Raises:
+        ValueError: bad ``prompt_lens`` (see :func:`completion_logits`) or temperature <= 0.
     """
-    logp = torch.log_softmax(completion_logits(logits, prompt_lens, completion_len).float(), dim=-1)
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    logp = torch.log_softmax(completion_logits(logits, prompt_lens, completion_len).float() / temperature, dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 

@@ -34,13 +34,13 @@ def _reference_logprobs(logits, input_ids, prompt_lens, completion_len, temperat
     return out
 
 
-def _reference_entropy(logits, prompt_lens, completion_len):
+def _reference_entropy(logits, prompt_lens, completion_len, temperature=1.0):
     batch = logits.shape[0]
     out = torch.empty(batch, completion_len)
     for b in range(batch):
         p = int(prompt_lens[b])
         for j in range(completion_len):
-            logp = torch.log_softmax(logits[b, p + j - 1].double(), dim=-1)
+            logp = torch.log_softmax(logits[b, p + j - 1].double() / temperature, dim=-1)
             out[b, j] = -(logp.exp() * logp).sum().float()
     return out
 
@@ -198,6 +198,19 @@ def test_entropy_equals_hand_computation() -> None:
     got = compute_entropy(logits, prompt_lens, 4)
     assert got.shape == (3, 4) and got.dtype == torch.float32
     torch.testing.assert_close(got, _reference_entropy(logits, prompt_lens, 4))
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_entropy_is_of_the_sampling_distribution_at_the_temperature(temperature: float) -> None:
+    logits, _ = _random_case(batch=2, seq=8)
+    prompt_lens = torch.tensor([2, 3])
+    got = compute_entropy(logits, prompt_lens, 4, temperature)
+    torch.testing.assert_close(got, _reference_entropy(logits, prompt_lens, 4, temperature))
+    at_one = compute_entropy(logits, prompt_lens, 4)
+    # a colder distribution is sharper, a warmer one flatter
+    assert ((got < at_one) if temperature < 1 else (got > at_one)).all()
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        compute_entropy(logits, prompt_lens, 4, 0.0)
 
 
 @pytest.mark.parametrize("vocab", [2, 17, 300])

@@ -101,7 +101,8 @@ class HfPolicyWorkerImpl:
 
         Returns:
             Metrics averaged over optimizer steps (``*_min``/``*_max`` reduced as such),
-            plus ``grad_norm`` (pre-clip L2 norm), ``entropy`` (nats/token), ``lr``,
+            plus ``grad_norm`` (pre-clip L2 norm), ``entropy`` (nats/token, of the sampling
+            distribution at the generation temperature), ``lr``,
             ``num_optimizer_steps``. A step whose gradient is not finite is skipped (the
             weights stay as they were) and counted in ``skipped_optimizer_steps``.
         """
@@ -126,7 +127,7 @@ class HfPolicyWorkerImpl:
                 loss, metrics = loss_fn(logprobs, data, num_tokens)
                 loss.backward()
                 with torch.no_grad():
-                    entropy = compute_entropy(logits.detach(), mb.prompt_lens, width)
+                    entropy = compute_entropy(logits.detach(), mb.prompt_lens, width, self.cfg["temperature"])
                     metrics["entropy"] = (masked_sum(entropy, mb.completion_mask) / num_tokens).item()
                 _reduce(step_metrics, metrics)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg["max_grad_norm"]).item()
