@@ -1,0 +1,202 @@
+"""An independent re-implementation of the policy's train step, to check a run against.
+
+Written from the formulas, not from posttrain's code: the completion tokens of each row are
+found from ``prompt_lens`` / ``completion_lens`` by explicit position lists (not
+``posttrain.ops``), the losses follow the papers (GRPO: DeepSeekMath, arXiv:2402.03300, Eq. 3
+and the k3 KL of its Eq. 4; token-level aggregation over the global batch: Dr. GRPO,
+arXiv:2503.20783, Sec. 3.1; SFT: the token-mean NLL of the response), the optimizer is
+``torch.optim.AdamW`` with a linear warmup written out here, and clipping is the total L2 norm.
+
+:class:`ReplayTrainer` starts from the run's initial weights and is fed the recorded training
+batches in order; before each call its weights must equal those the run's step started from,
+and its metrics the ones the run logged. Any config key the policy worker ignores, and any
+metric computed over the wrong tokens, makes the two part ways.
+
+Notation: B rows of a training batch, S sequence length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from posttrain.data.batch import TokenBatch
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """The config values the replay trains with (those of the run, or deliberately others).
+
+    ``clip_eps`` / ``kl_coef`` are None for SFT (NLL loss).
+    """
+
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    warmup_steps: int
+    max_grad_norm: float
+    global_batch_size: int
+    temperature: float
+    clip_eps: float | None = None
+    kl_coef: float | None = None
+
+    @classmethod
+    def of(cls, cfg, loss: str) -> TrainerSpec:
+        """From a loaded ``GRPOMasterConfig`` (``loss="grpo"``) or ``SFTMasterConfig`` (``"sft"``)."""
+        p = cfg.policy
+        grpo = cfg.grpo if loss == "grpo" else None
+        return cls(p.lr, p.weight_decay, (p.betas[0], p.betas[1]), p.warmup_steps, p.max_grad_norm,
+                   p.train_global_batch_size, cfg.generation.temperature,
+                   grpo.clip_eps if grpo else None, grpo.kl_coef if grpo else None)
+
+
+def completion_tokens(batch: TokenBatch) -> list[list[tuple[int, int]]]:
+    """Per row, ``(position, token)`` of each completion token, from the lengths alone."""
+    rows = []
+    for b in range(len(batch)):
+        p, n = int(batch.prompt_lens[b]), int(batch.completion_lens[b])
+        rows.append([(p + j, int(batch.input_ids[b, p + j])) for j in range(n)])
+    return rows
+
+
+def token_distributions(model: torch.nn.Module, batch: TokenBatch, temperature: float) -> list[torch.Tensor]:
+    """Per row, ``[n_b, V]`` log-probabilities (at ``temperature``) of the next-token
+    distribution that predicts each completion token: the logits one position earlier."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, S, V]
+    out = []
+    for b, tokens in enumerate(completion_tokens(batch)):
+        before = torch.tensor([pos - 1 for pos, _ in tokens], dtype=torch.long)
+        out.append(torch.log_softmax(logits[b, before].float() / temperature, dim=-1))
+    return out
+
+
+def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float) -> list[torch.Tensor]:
+    """Per row, ``[n_b]`` logprob of each completion token (with grad when the model has it)."""
+    dists = token_distributions(model, batch, temperature)
+    return [d[torch.arange(len(toks)), torch.tensor([t for _, t in toks], dtype=torch.long)]
+            for d, toks in zip(dists, completion_tokens(batch), strict=True)]
+
+
+def padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """Per-row values -> ``[B, width]`` with zeros past each row (to compare with ``[B, L]`` tensors)."""
+    out = torch.zeros(len(rows), width)
+    for b, row in enumerate(rows):
+        out[b, : len(row)] = row.detach()
+    return out
+
+
+class ReplayTrainer:
+    """The policy's training, re-done: AdamW from the run's initial weights.
+
+    Args:
+        model: a Hugging Face causal LM holding the run's initial weights (it is trained).
+        spec: the config values to train with.
+    """
+
+    def __init__(self, model: torch.nn.Module, spec: TrainerSpec):
+        self.model = model.train()
+        self.spec = spec
+        self.initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=spec.betas,
+                                           weight_decay=spec.weight_decay)
+        self.optimizer_steps = 0
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def lr_of_next_step(self) -> float:
+        """Linear warmup: optimizer step k (0-based) runs at ``lr * min(1, (k + 1) / warmup)``."""
+        warmup = self.spec.warmup_steps
+        return self.spec.lr * (min(1.0, (self.optimizer_steps + 1) / warmup) if warmup else 1.0)
+
+    def _loss(self, batch: TokenBatch, extra: dict[str, torch.Tensor], rows: range) -> tuple[torch.Tensor, dict]:
+        """Loss and metrics of global batch ``rows`` at the current weights."""
+        spec = self.spec
+        sub = batch.select(slice(rows.start, rows.stop))
+        dists = token_distributions(self.model, sub, spec.temperature)
+        toks = completion_tokens(sub)
+        num_tokens = sum(len(t) for t in toks)
+        total = torch.zeros(())
+        kl_sum = clipped = entropy = 0.0
+        ratios: list[float] = []
+        for i, (dist, row) in enumerate(zip(dists, toks, strict=True)):
+            b = rows.start + i
+            with torch.no_grad():
+                entropy += float(-(dist.exp() * dist).sum())
+            for j, (_, token) in enumerate(row):
+                logp = dist[j, token]
+                if spec.clip_eps is None:  # SFT: negative log-likelihood of the response token
+                    total = total - logp
+                    continue
+                adv, old, ref = float(extra["advantages"][b]), float(extra["old_logprobs"][b, j]), \
+                    float(extra["ref_logprobs"][b, j])
+                ratio = torch.exp(logp - old)
+                low, high = 1 - spec.clip_eps, 1 + spec.clip_eps
+                surrogate = torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
+                log_r = (ref - logp).clamp(-20.0, 20.0)
+                k3 = torch.exp(log_r) - log_r - 1  # k3 estimator of KL(pi || pi_ref)
+                total = total - surrogate + spec.kl_coef * k3
+                kl_sum += float(k3.detach())
+                r = float(ratio)
+                ratios.append(r)
+                # the clip takes the gradient away: ratio above 1+eps with A > 0, below 1-eps with A < 0
+                clipped += float((adv > 0 and r > high) or (adv < 0 and r < low))
+        loss = total / max(num_tokens, 1)
+        metrics = {"loss": float(loss), "entropy": entropy / max(num_tokens, 1)}
+        if spec.clip_eps is not None:
+            metrics.update(kl=kl_sum / max(num_tokens, 1), clip_fraction=clipped / max(num_tokens, 1),
+                           probs_ratio_min=min(ratios, default=1.0), probs_ratio_max=max(ratios, default=1.0))
+        return loss, metrics
+
+    def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One train call: optimizer steps over consecutive global batches; the metrics the
+        worker reports (means over optimizer steps; ratio min/max over all of them)."""
+        gbs = self.spec.global_batch_size
+        per_step, lr_first = [], self.lr_of_next_step()
+        for start in range(0, len(batch), gbs):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss, metrics = self._loss(batch, extra, range(start, min(start + gbs, len(batch))))
+            loss.backward()
+            # the total L2 norm, summed in float64 (a float32 sum over ~10^6 squares drifts ~1e-5)
+            norm = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in self.model.parameters()
+                                 if p.grad is not None))
+            scale = min(1.0, self.spec.max_grad_norm / (norm + 1e-6))
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr_of_next_step()
+            self.optimizer.step()
+            self.optimizer_steps += 1
+            per_step.append({**metrics, "grad_norm": norm})
+        out = {k: sum(s[k] for s in per_step) / len(per_step) for k in per_step[0]}
+        for k, reduce in (("probs_ratio_min", min), ("probs_ratio_max", max)):
+            if k in out:
+                out[k] = reduce(s[k] for s in per_step)
+        out.update(lr=lr_first, num_optimizer_steps=float(len(per_step)), skipped_optimizer_steps=0.0)
+        return out
+
+
+def assert_metrics_match(logged: dict[str, float], replayed: dict[str, float], where: str,
+                         rel: float = 1e-4, abs_: float = 1e-6) -> None:
+    """Every replayed metric equals the logged one (``where`` names the step in the message)."""
+    for key, value in replayed.items():
+        got = logged.get(key)
+        assert got is not None, f"{where}: {key} not logged"
+        assert math.isclose(got, value, rel_tol=rel, abs_tol=abs_), f"{where}: {key} logged {got!r}, replay {value!r}"
+
+
+# The key projection's bias shifts every attention logit of a query by the same amount, which a
+# softmax ignores: its gradient is zero in exact arithmetic, so what each side computes is float
+# noise (~1e-3 here) that Adam, dividing by its own square root, turns into steps of ~lr.
+# It cannot change a logprob; the two runs' values of it are not comparable.
+NOISE_ONLY = ("self_attn.k_proj.bias",)
+
+
+def max_weight_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Largest absolute difference between two state dicts with the same names (``NOISE_ONLY``
+    tensors left out)."""
+    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a if not k.endswith(NOISE_ONLY))

@@ -1,0 +1,304 @@
+"""Every metric the GRPO and SFT loops log equals an independent recomputation.
+
+The loops run in this process (``in_process.py``) with every worker call recorded; the
+recomputation (``replay.py`` for the train step, the formulas below for the rest) starts from
+the recorded inputs: the prompts, the engine's completions and logprobs, the weights each
+step started from. A metric computed over the wrong tokens (padding, prompt tokens), from the
+wrong tensors (the trainer compared with itself), or frozen at one value, no longer matches.
+
+To make such bugs visible the runs are built so each metric has something to show: an
+engine whose logprobs are off by a known amount (so the engine/trainer disagreement metrics
+cannot read 1.0 by accident), completions of mixed length (padding in every batch), several
+optimizer steps per train call (probability ratios away from 1, clipping, a non-zero KL),
+and validation answers that are right for a known subset of problems.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+import torch
+from replay import ReplayTrainer, TrainerSpec, assert_metrics_match, max_weight_gap, padded, token_logprobs
+
+from posttrain.algorithms import grpo, sft
+from posttrain.environments.math_verifier import math_reward
+from posttrain.models.generation.interfaces import GenerationOutput
+
+GRPO_YAML = "examples/configs/grpo_arithmetic.yaml"
+SFT_YAML = "examples/configs/sft_arithmetic.yaml"
+ENGINE_LOGPROB_SHIFT = 0.03  # added to every sampled token's engine logprob
+PROBE_LOGPROB_SHIFT = 0.02  # added to every probe token the engine scores
+# The runs train at lr 1e-2, so every optimizer step moves weights by ~1e-2: the replay must stay
+# within 1% of one step (float noise through Adam reaches ~1e-5 after a few steps).
+WEIGHT_TOLERANCE = 1e-4
+
+
+def low_digit_reward(completion: str, answer: str) -> float:
+    """A reward the untrained tiny model earns about half the time: groups vary, advantages move."""
+    return float(completion[:1] in {"0", "1", "2", "3", "4"})
+
+
+def shift_sampled_logprobs(call, out: GenerationOutput) -> GenerationOutput:
+    """Sampling calls: the engine's logprobs off by ENGINE_LOGPROB_SHIFT. Greedy (validation)
+    calls: the right answer for every third problem, a wrong one (its first digit) otherwise."""
+    prompts, params = call.args[0], call.kwargs["params"]
+    if not params.greedy:
+        return GenerationOutput(out.completion_ids, [[lp + ENGINE_LOGPROB_SHIFT for lp in row] for row in out.logprobs],
+                                out.weight_version)
+    completions = []
+    for i, prompt in enumerate(prompts):
+        answer = str(eval_sum(TOKENIZER.decode(prompt)))
+        text = answer if i % 3 == 0 else answer + "9"
+        completions.append(TOKENIZER.encode(text) + [TOKENIZER.eos_token_id])
+    return GenerationOutput(completions, [[-1.0] * len(c) for c in completions], out.weight_version)
+
+
+def shift_probe_scores(call, rows: list[list[float]]) -> list[list[float]]:
+    return [[lp + PROBE_LOGPROB_SHIFT for lp in row] for row in rows]
+
+
+TRANSFORMS = {("generation", "generate"): shift_sampled_logprobs, ("generation", "score"): shift_probe_scores}
+TOKENIZER = None  # set by the tokenizer fixture (the transforms run inside the loop)
+
+
+def eval_sum(question: str) -> int:
+    a, b = question.rstrip("=").split("+")
+    return int(a) + int(b)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tokenizer(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    global TOKENIZER
+    TOKENIZER = AutoTokenizer.from_pretrained(tiny_model_path)
+    return TOKENIZER
+
+
+def logged_at(run, step: int) -> dict[str, float]:
+    """The ``train/*`` metrics the run logged at ``step``, without the prefix."""
+    return {k.removeprefix("train/"): v[str(step)] for k, v in run.metrics.items()
+            if k.startswith("train/") and str(step) in v}
+
+
+def steps_of(run) -> list[list]:
+    """The recorded calls split into training steps (each starts with a sampling ``generate``);
+    calls before the first step are left out."""
+    steps: list[list] = []
+    for call in run.recorder.calls:
+        if call.method == "generate" and not call.kwargs["params"].greedy:
+            steps.append([])
+        if steps:
+            steps[-1].append(call)
+    return steps
+
+
+def first(calls, role, method, **kwargs):
+    return next(c for c in calls if c.role == role and c.method == method
+                and all(c.kwargs.get(k, False) == v for k, v in kwargs.items()))
+
+
+def rollout_rewards(generate_call, tokenizer) -> list[float]:
+    """The reward of each rollout of a recorded sampling call, recomputed from its text."""
+    texts = tokenizer.batch_decode(generate_call.result.completion_ids, skip_special_tokens=True)
+    questions = [tokenizer.decode(p) for p in generate_call.args[0]]
+    return [low_digit_reward(t, str(eval_sum(q))) for t, q in zip(texts, questions, strict=True)]
+
+
+def kept_rows(rewards: list[float], group_size: int) -> list[int]:
+    """Rows of groups whose rewards vary; every row when none does."""
+    groups = [rewards[g:g + group_size] for g in range(0, len(rewards), group_size)]
+    rows = [g * group_size + i for g, grp in enumerate(groups) if len(set(grp)) > 1 for i in range(group_size)]
+    return rows or list(range(len(rewards)))
+
+
+def group_advantages(rewards: list[float], group_size: int) -> list[float]:
+    """(r - mean) / (sample std + 1e-6) within each group (DeepSeekMath Sec. 4.1.2)."""
+    out = []
+    for g in range(0, len(rewards), group_size):
+        grp = rewards[g:g + group_size]
+        mean, std = statistics.fmean(grp), statistics.stdev(grp)
+        out += [(r - mean) / (std + 1e-6) for r in grp]
+    return out
+
+
+@pytest.fixture(scope="module")
+def grpo_run(tiny_model_path, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        from in_process import InProcess
+
+        mp.setattr(grpo, "math_reward", low_digit_reward)
+        overrides = [f"model.path={tiny_model_path}", f"logger.log_dir={tmp_path_factory.mktemp('grpo')}",
+                     "grpo.num_steps=3", "grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=4",
+                     "generation.max_new_tokens=6", "data.arithmetic.num_val=9", "grpo.val_period=0",
+                     "policy.lr=1e-2", "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2",
+                     "grpo.kl_coef=0.5", "generation.refit_probe.max_logprob_error=0.1"]
+        run = InProcess(mp).run(grpo, GRPO_YAML, overrides, TRANSFORMS)
+        cfg = grpo.GRPOMasterConfig.model_validate(
+            {"grpo": {"completions_per_prompt": 4, "kl_coef": 0.5}, "policy": {
+                "lr": 1e-2, "train_global_batch_size": 4, "train_micro_batch_size": 2}})
+        yield run, cfg, tiny_model_path
+
+
+def test_grpo_train_step_metrics_equal_an_independent_replay(grpo_run) -> None:
+    from transformers import AutoModelForCausalLM
+
+    run, cfg, model_path = grpo_run
+    replay = ReplayTrainer(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32),
+                           TrainerSpec.of(cfg, "grpo"))
+    train_calls = run.calls("policy", "train")
+    assert len(train_calls) == 3
+    optimizer_steps = 0
+    for step, call in enumerate(train_calls, start=1):
+        batch, extra, _ = call.args
+        assert max_weight_gap(call.weights_before, replay.weights()) < WEIGHT_TOLERANCE, f"step {step}: weights drifted"
+        with torch.no_grad():
+            width = batch.completion_mask.shape[1]
+            replay.model.eval()
+            old = padded(token_logprobs(replay.model, batch, 1.0), width)
+            replay.model.train()
+        mask = batch.completion_mask.bool()
+        # the loop's old logprobs are the current policy's, its reference ones the initial policy's
+        assert (extra["old_logprobs"] - old)[mask].abs().max() < 1e-5, step
+        metrics = replay.train(batch, extra)
+        optimizer_steps += metrics["num_optimizer_steps"]
+        logged = logged_at(run, step)
+        assert_metrics_match(logged, metrics, f"step {step}")
+    assert optimizer_steps > len(train_calls)  # some calls took several optimizer steps: ratios left 1
+    assert max(run.metrics["train/clip_fraction"].values()) > 0
+    assert min(run.metrics["train/probs_ratio_min"].values()) < 1 < max(run.metrics["train/probs_ratio_max"].values())
+    assert max(run.metrics["train/kl"].values()) > 1e-4
+
+
+def test_grpo_reference_logprobs_are_the_initial_policys(grpo_run) -> None:
+    from transformers import AutoModelForCausalLM
+
+    run, _, model_path = grpo_run
+    initial = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    for step, call in enumerate(run.calls("policy", "train"), start=1):
+        batch, extra, _ = call.args
+        with torch.no_grad():
+            ref = padded(token_logprobs(initial, batch, 1.0), batch.completion_mask.shape[1])
+        mask = batch.completion_mask.bool()
+        assert (extra["ref_logprobs"] - ref)[mask].abs().max() < 1e-5, step
+
+
+def test_grpo_rollout_metrics_equal_a_recomputation_from_the_rollouts(grpo_run, tokenizer) -> None:
+    run, cfg, _ = grpo_run
+    g = cfg.grpo.completions_per_prompt
+    for step, calls in enumerate(steps_of(run), start=1):
+        prompts, out = calls[0].args[0], calls[0].result
+        rewards = rollout_rewards(calls[0], tokenizer)
+        groups = [rewards[i:i + g] for i in range(0, len(rewards), g)]
+        expected = {
+            "train/reward_mean": statistics.fmean(rewards),
+            "train/accuracy": statistics.fmean(r == 1.0 for r in rewards),
+            "train/completion_length": statistics.fmean(len(c) for c in out.completion_ids),
+            "train/fraction_groups_kept": statistics.fmean(len(set(grp)) > 1 for grp in groups),
+        }
+        for key, value in expected.items():
+            assert run.metrics[key][str(step)] == pytest.approx(value, abs=1e-6), (step, key)
+
+        # the train batch: exactly the kept rollouts, in order, with their own group advantages
+        batch, extra, _ = first(calls, "policy", "train").args
+        rows = kept_rows(rewards, g)
+        assert len(batch) == len(rows), step
+        advantages = group_advantages(rewards, g)
+        for b, i in enumerate(rows):
+            p, n = int(batch.prompt_lens[b]), int(batch.completion_lens[b])
+            assert batch.input_ids[b, :p].tolist() == prompts[i], (step, b)
+            assert batch.input_ids[b, p:p + n].tolist() == out.completion_ids[i], (step, b)
+            assert float(extra["advantages"][b]) == pytest.approx(advantages[i], abs=1e-4), (step, b)
+        assert len({len(out.completion_ids[i]) for i in rows}) > 1, "no padding in this batch: the test is weak"
+
+
+def test_grpo_engine_trainer_disagreement_is_measured_on_the_sampled_tokens(grpo_run, tokenizer) -> None:
+    """``train/token_mult_prob_error``: the mean over real completion tokens of
+    exp(|logp_engine - logp_trainer|), here exp(ENGINE_LOGPROB_SHIFT) up to float noise."""
+    run, cfg, _ = grpo_run
+    for step, calls in enumerate(steps_of(run), start=1):
+        out, rewards = calls[0].result, rollout_rewards(calls[0], tokenizer)
+        _, extra, _ = first(calls, "policy", "train").args
+        errors = []
+        for b, i in enumerate(kept_rows(rewards, cfg.grpo.completions_per_prompt)):
+            trainer = extra["old_logprobs"][b, : len(out.logprobs[i])].tolist()
+            errors += [math.exp(abs(e - t)) for e, t in zip(out.logprobs[i], trainer, strict=True)]
+        assert run.metrics["train/token_mult_prob_error"][str(step)] == pytest.approx(statistics.fmean(errors),
+                                                                                      rel=1e-5), step
+        assert statistics.fmean(errors) == pytest.approx(math.exp(ENGINE_LOGPROB_SHIFT), rel=1e-4)
+
+
+def test_grpo_probe_metrics_compare_the_engine_with_the_trainer(grpo_run) -> None:
+    run, _, _ = grpo_run
+    for step, calls in enumerate(steps_of(run), start=1):
+        score = first(calls, "generation", "score")
+        trainer_calls = [c for c in calls if c.role == "policy" and c.method == "get_logprobs"]
+        trainer = trainer_calls[-1].result  # the probe batch, scored after the refit
+        gaps = [abs(e - float(t)) for row, t_row in zip(score.result, trainer, strict=True)
+                for e, t in zip(row, t_row[: len(row)], strict=True)]
+        assert run.metrics["train/refit_logprob_error"][str(step)] == pytest.approx(statistics.fmean(gaps), rel=1e-5)
+        assert statistics.fmean(gaps) == pytest.approx(PROBE_LOGPROB_SHIFT, rel=1e-3)
+        assert run.metrics["train/refit_token_mult_prob_error"][str(step)] == pytest.approx(
+            statistics.fmean(math.exp(x) for x in gaps), rel=1e-5)
+
+
+def test_grpo_validation_accuracy_is_the_fraction_of_right_answers(grpo_run, tokenizer) -> None:
+    run, _, _ = grpo_run
+    greedy = [c for c in run.recorder.calls if c.method == "generate" and c.kwargs["params"].greedy]
+    assert sorted(run.metrics["val/accuracy"], key=int) == ["0", "3"] and len(greedy) == 2
+    for step, call in zip(("0", "3"), greedy, strict=True):
+        texts = tokenizer.batch_decode(call.result.completion_ids, skip_special_tokens=True)
+        answers = [str(eval_sum(tokenizer.decode(p))) for p in call.args[0]]
+        expected = statistics.fmean(math_reward(t, a) for t, a in zip(texts, answers, strict=True))
+        assert run.metrics["val/accuracy"][step] == pytest.approx(expected)
+        assert expected == pytest.approx(3 / 9)  # every third of the 9 held-out problems
+
+
+@pytest.fixture(scope="module")
+def sft_run(tiny_model_path, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        from in_process import InProcess
+
+        overrides = [f"model.path={tiny_model_path}", f"logger.log_dir={tmp_path_factory.mktemp('sft')}",
+                     "sft.num_steps=3", "sft.batch_size=8", "sft.val_period=2", "sft.val_loss_size=6",
+                     "data.arithmetic.num_val=9", "policy.lr=1e-2", "policy.warmup_steps=0",
+                     "generation.refit_probe.max_logprob_error=0.1",
+                     "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2"]
+        run = InProcess(mp).run(sft, SFT_YAML, overrides, TRANSFORMS)
+        cfg = sft.SFTMasterConfig.model_validate(
+            {"policy": {"lr": 1e-2, "betas": [0.9, 0.98], "train_global_batch_size": 4, "train_micro_batch_size": 2}})
+        yield run, cfg, tiny_model_path
+
+
+def test_sft_train_step_metrics_equal_an_independent_replay(sft_run) -> None:
+    from transformers import AutoModelForCausalLM
+
+    run, cfg, model_path = sft_run
+    replay = ReplayTrainer(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32),
+                           TrainerSpec.of(cfg, "sft"))
+    for step, call in enumerate(run.calls("policy", "train"), start=1):
+        batch, extra, _ = call.args
+        assert max_weight_gap(call.weights_before, replay.weights()) < WEIGHT_TOLERANCE, f"step {step}: weights drifted"
+        metrics = replay.train(batch, extra)
+        assert metrics["num_optimizer_steps"] == 2
+        logged = logged_at(run, step)
+        assert_metrics_match(logged, metrics, f"step {step}")
+
+
+def test_sft_validation_loss_is_the_nll_of_the_held_out_solutions(sft_run) -> None:
+    from transformers import AutoModelForCausalLM
+
+    run, _, model_path = sft_run
+    policy = run.workers("policy")[0].impl
+    trains = run.calls("policy", "train")
+    weights_at = {"0": trains[0].weights_before, "2": trains[2].weights_before, "3": policy.get_weights()}
+    val_calls = [c for c in run.calls("policy", "get_logprobs") if len(c.args[0]) == 6]
+    assert sorted(run.metrics["val/loss"], key=int) == ["0", "2", "3"] and len(val_calls) == 3
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    for (step, weights), call in zip(weights_at.items(), val_calls, strict=True):
+        model.load_state_dict(weights)
+        with torch.no_grad():
+            logprobs = torch.cat(token_logprobs(model, call.args[0], 1.0))
+        assert run.metrics["val/loss"][step] == pytest.approx(-float(logprobs.mean()), rel=1e-5), step
