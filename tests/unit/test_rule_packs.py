@@ -133,7 +133,10 @@ def constant_like(data: dict, metric: str, value: float) -> dict:
     return {step: value for step in data[metric]}
 
 
-@pytest.mark.parametrize(("pack", "metric", "rule"), MUST_MOVE)
+MUST_MOVE_IDS = [f"{pack}-{metric}" for pack, metric, _ in MUST_MOVE]
+
+
+@pytest.mark.parametrize(("pack", "metric", "rule"), MUST_MOVE, ids=MUST_MOVE_IDS)
 def test_each_must_move_check_passes_on_a_moving_metric_and_is_not_vacuous(pack, metric, rule):
     assert statuses(RUNS[pack](), pack)[rule] == "PASS"
 
@@ -142,7 +145,7 @@ def test_each_must_move_check_passes_on_a_moving_metric_and_is_not_vacuous(pack,
 # which gave a frozen metric a std of ~1e-17 > 0 before std took the exact mean. All three
 # are above the entropy floors, so only the must-move check can see the frozen metric.
 @pytest.mark.parametrize("value", [0.5, 0.058, 0.23])
-@pytest.mark.parametrize(("pack", "metric", "rule"), MUST_MOVE)
+@pytest.mark.parametrize(("pack", "metric", "rule"), MUST_MOVE, ids=MUST_MOVE_IDS)
 def test_each_must_move_check_fails_on_a_constant_metric(pack, metric, rule, value):
     healthy = RUNS[pack]()
     result = statuses(RUNS[pack](**{metric: constant_like(healthy, metric, value)}), pack)

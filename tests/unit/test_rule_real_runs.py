@@ -186,6 +186,11 @@ def script_report(script: str, data: dict, tmp_path: Path) -> tuple[int, dict[st
     return code, {row["rule"]: row for row in json.loads(report.read_text())}
 
 
+def metric_of(rule: str) -> str:
+    """The metric a one-metric rule reads."""
+    return re.search(r'data\["([^"]+)"\]', rule).group(1)
+
+
 def must_move_rules(script: str) -> list[str]:
     args = check_run_args(script)
     pack = args[args.index("--pack") + 1]
@@ -202,12 +207,17 @@ def test_every_must_move_check_runs_and_passes_on_the_real_run(script, tmp_path)
 
 
 @pytest.mark.parametrize(
-    ("script", "rule"), [(script, rule) for script in sorted(REAL_RUNS) for rule in must_move_rules(script)]
+    ("script", "rule"),
+    [
+        pytest.param(script, rule, id=f"{script}-{metric_of(rule)}")
+        for script in sorted(REAL_RUNS)
+        for rule in must_move_rules(script)
+    ],
 )
 def test_a_real_run_with_one_metric_frozen_fails_its_must_move_check(script, rule, tmp_path):
     """The real run with one metric stuck at its first value on every step (a stale log)."""
     data = json.loads((FIXTURES / REAL_RUNS[script][0]).read_text())
-    metric = re.search(r'data\["([^"]+)"\]', rule).group(1)
+    metric = metric_of(rule)
     first = data[metric][min(data[metric], key=int)]
     data[metric] = dict.fromkeys(data[metric], first)
     code, rows = script_report(script, data, tmp_path)
