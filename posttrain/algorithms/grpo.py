@@ -63,6 +63,7 @@ class Rollouts:
     completion_ids: list[list[int]]
     generation_logprobs: list[list[float]]
     rewards: torch.Tensor  # [N] float32
+    weight_version: int  # of the weights the engine sampled with
 
 
 def generate_rollouts(rt: Runtime, problems: list[MathProblem], cfg: GRPOMasterConfig, step: int) -> Rollouts:
@@ -74,7 +75,20 @@ def generate_rollouts(rt: Runtime, problems: list[MathProblem], cfg: GRPOMasterC
     params = SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
                             top_k=gen.top_k, seed=cfg.grpo.seed * 100_003 + step)
     out = rt.generation.generate(prompt_ids, params)
-    return Rollouts(repeated, prompt_ids, out.completion_ids, out.logprobs, torch.zeros(len(repeated)))
+    return Rollouts(repeated, prompt_ids, out.completion_ids, out.logprobs, torch.zeros(len(repeated)),
+                    out.weight_version)
+
+
+def check_on_policy(rollouts: Rollouts, trainer_version: int, step: int) -> None:
+    """The rollouts must come from the weights being trained (this loop is on-policy).
+
+    Raises:
+        RuntimeError: the engine reports another weight version than the trainer's: its
+            samples would be trained on as if the current policy had drawn them.
+    """
+    if rollouts.weight_version != trainer_version:
+        raise RuntimeError(f"step {step}: rollouts were sampled with weight version {rollouts.weight_version}, "
+                           f"the trainer is at {trainer_version} (stale engine: off-policy samples)")
 
 
 def score_rollouts(rt: Runtime, rollouts: Rollouts) -> None:
@@ -153,6 +167,7 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
             problems = sampler.batch(step)
             with timer.time("generation"):
                 rollouts = generate_rollouts(rt, problems, cfg, step)
+                check_on_policy(rollouts, rt.policy.weight_version, step)
             with timer.time("reward"):
                 score_rollouts(rt, rollouts)
                 advantages, keep = select_rows(rollouts, cfg.grpo)
