@@ -2,11 +2,16 @@
 
 import pytest
 import torch
+from unit.models.generation.refit_helpers import max_logprob_gap, shared_prefix_prompts, train_step
 
 from posttrain.algorithms.loss_functions import NLLLoss
 from posttrain.algorithms.runtime import refit
 from posttrain.data.batch import make_batch
 from posttrain.models.generation.interfaces import SamplingParams
+
+# Shared prefix of the long prompts: vLLM's CPU KV block (128 tokens) and more, so these are
+# the prompts that the vLLM tier's prefix-cache test serves from a cache.
+PREFIX_TOKENS = 136
 
 
 def _train_once(rt, answer: str = "77"):
@@ -62,3 +67,23 @@ def test_refit_with_stale_version_raises(hf_runtime, monkeypatch):
     _train_once(rt)
     with pytest.raises(RuntimeError, match="refit failed: generation engine at weight version"):
         refit(rt.policy, rt.generation)
+
+
+def test_after_each_refit_prompts_seen_before_it_get_the_trainers_new_logprobs(hf_runtime):
+    """The vLLM tier's prefix-cache test on the hf backend, so both backends are held to the
+    same behaviour: long prompts that share a prefix with, or repeat, prompts generated
+    before a refit get the trainer's new logprobs after it, refit after refit."""
+    rt = hf_runtime
+    refit(rt.policy, rt.generation, rt.probe)  # the tests above leave the trainer ahead
+    first, second = shared_prefix_prompts(rt, PREFIX_TOKENS)
+    params = SamplingParams(max_new_tokens=4, seed=11)
+    rt.generation.generate(first, params)
+    for answer in ("12", "5"):  # a new answer each step: the weights move every time
+        train_step(rt, answer=answer)
+        refit(rt.policy, rt.generation, rt.probe)
+        for prompts in (second, first):  # a prefix seen before the refit, then the very same prompts
+            out = rt.generation.generate(prompts, params)
+            assert out.weight_version == rt.policy.weight_version
+            assert max_logprob_gap(rt, prompts, out.completion_ids, out.logprobs) < 1e-4
+            scored = rt.generation.score(prompts, out.completion_ids, 1.0)
+            assert max_logprob_gap(rt, prompts, out.completion_ids, scored) < 1e-4

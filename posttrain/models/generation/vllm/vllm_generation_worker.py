@@ -4,7 +4,9 @@ The engine runs in the actor's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``
 ``LLM.collective_rpc`` reaches its worker directly and refit needs no second IPC hop:
 the state dict arrives through the Ray object store and is loaded with the worker's
 public ``reload_weights`` (in place, Hugging Face parameter names). The engine itself
-carries the weight version (``set_weight_version``) and stamps it on every completion.
+carries the weight version (``set_weight_version``) and stamps it on every completion; the
+worker remembers the version it was last given and checks the engine's label and stamps
+against that, never against the label read back.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ class VllmGenerationWorkerImpl:
         self.cfg = engine_cfg
         self.rank = rank
         self.calls = 0
+        # The weight version last given to update_weights (0: the model directory's weights).
+        # The engine's label and its stamps are checked against it: a label checked against
+        # itself cannot reveal an engine that was relabelled or missed a label update.
+        self.version = 0
         self.llm: Any = None
         self.eos_id: int | None = None
 
@@ -105,7 +111,7 @@ class VllmGenerationWorkerImpl:
             )
         except Exception as exc:  # vLLM raises many types; the driver needs the first line
             raise EngineStartError(f"vLLM engine for '{self.model_path}' did not start: {first_line(exc)}") from None
-        self.llm.llm_engine.set_weight_version("0")
+        self.llm.llm_engine.set_weight_version(str(self.version))
         logging.getLogger(RELOAD_LOGGER).addFilter(RotaryReloadWarningFilter())
         self._sleep()
 
@@ -139,28 +145,45 @@ class VllmGenerationWorkerImpl:
         """Sample one completion per prompt; see :class:`posttrain.models.generation.interfaces.Generation`.
 
         Raises:
-            RuntimeError: a completion was sampled by more than one weight version, or by
-                another version than the one this worker was last given.
+            RuntimeError: (one line, naming both versions) the engine is labelled with another
+                weight version than the one this worker was last given, or a completion was
+                stamped with another version, with several, or with none.
         """
         self.calls += 1
+        expected = self.version
         if not prompts:  # a data-parallel shard can be empty when prompts < workers
-            return GenerationOutput([], [], self.weight_version())
+            return GenerationOutput([], [], self._checked_label(expected))
         base = params.seed * 1_000_003 + self.calls * 101 + self.rank * 7_919
         requests = [{"prompt_token_ids": p} for p in prompts]
         with self._awake():
             outs = self.llm.generate(requests, [self._vllm_params(params, base + i) for i in range(len(prompts))],
                                      use_tqdm=False)
-        version = self.weight_version()
+        version = self._checked_label(expected)
         completions, logprobs = [], []
         for out in outs:
             sample = out.outputs[0]
             ids = list(sample.token_ids)
             completions.append(ids)
             logprobs.append([sample.logprobs[t][tok].logprob for t, tok in enumerate(ids)])
+            # vLLM stamps every sampled token; no stamp would mean nothing was checked.
             stamped = {span.version for span in sample.weight_versions or []}
-            if stamped - {str(version)}:
-                raise RuntimeError(f"vLLM sampled with weight versions {sorted(stamped)}, expected {version}")
+            if stamped != {str(expected)}:
+                raise RuntimeError(f"vLLM stamped a completion with weight versions {sorted(stamped)}, "
+                                   f"but this worker was last given version {expected}")
         return GenerationOutput(completions, logprobs, version)
+
+    def _checked_label(self, expected: int) -> int:
+        """The engine's weight-version label, which must be ``expected``.
+
+        Raises:
+            RuntimeError: it is not (the engine was relabelled behind this worker's back, or
+                missed a label update).
+        """
+        label = self.weight_version()
+        if label != expected:
+            raise RuntimeError(f"vLLM engine is labelled weight version {label}, "
+                               f"but this worker was last given version {expected}")
+        return label
 
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
         """Teacher-forced logprobs of ``completions`` (see ``Generation.score``).
@@ -195,14 +218,25 @@ class VllmGenerationWorkerImpl:
 
         A name the engine does not know raises inside vLLM; a name that is missing leaves
         that tensor as it was (vLLM only logs it): the weight-sync probe catches that.
+
+        Raises:
+            RuntimeError: vLLM could not empty its prefix cache (requests still hold KV
+                blocks); the engine keeps its old label.
         """
         with self._awake():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
-            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+            # Prefix-cached KV blocks were computed with the old weights: a prompt sharing a
+            # cached prefix would attend to stale keys and values, with no error anywhere.
+            cleared = self.llm.reset_prefix_cache()
+        if not cleared:  # vLLM only logs a warning and returns False
+            raise RuntimeError(f"vLLM could not reset its prefix cache after loading weight version {version} "
+                               "(requests still hold KV blocks): it would serve KV of the old weights")
+        self.version = version
         self.llm.llm_engine.set_weight_version(str(version))
 
     def weight_version(self) -> int:
-        """The version the engine labels its completions with."""
+        """The engine's own label, the version vLLM stamps on completions (what the driver's
+        refit compares with the trainer's version); not the version this worker was given."""
         return int(self.llm.llm_engine.get_weight_version())
 
     def shutdown(self) -> None:

@@ -1,7 +1,10 @@
-"""Shared by the probe tests of both backends: a training step that moves the weights, and
-a policy wrapper that loses one tensor during refit."""
+"""Shared by the refit tests of both backends: a training step that moves the weights, a
+policy wrapper that loses one tensor during refit, long prompts sharing a prefix, and the
+engine-vs-trainer logprob gap."""
 
 from typing import Any
+
+import torch
 
 from posttrain.algorithms.loss_functions import NLLLoss
 from posttrain.data.batch import make_batch
@@ -27,3 +30,33 @@ class DropOneTensor:
         weights = self.policy.get_weights()
         del weights[self.name]
         return weights
+
+
+def shared_prefix_prompts(rt: Any, min_prefix_tokens: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Two sets of 4 prompts of equal length that all start with the same arithmetic text
+    ("1+4=5 2+5=7 ..." of at least ``min_prefix_tokens`` tokens) and end with different
+    questions ("a+1=" in the first set, "a+2=" in the second).
+
+    A prefix longer than a KV block is what a prefix cache keeps: an engine that served
+    the first set before a refit holds the shared prefix's blocks when the second set
+    (or the first again) arrives after it.
+    """
+    facts = ""
+    n = 1
+    while len(rt.chat.prompt(facts)) < min_prefix_tokens:
+        facts += f"{n}+{n + 3}={2 * n + 3} "
+        n += 1
+    return ([list(rt.chat.prompt(f"{facts}{a}+1=")) for a in range(4)],
+            [list(rt.chat.prompt(f"{facts}{a}+2=")) for a in range(4)])
+
+
+def max_logprob_gap(rt: Any, prompts: list[list[int]], completions: list[list[int]],
+                    engine_rows: list[list[float]]) -> float:
+    """max |engine - trainer| over the completion tokens, nats; the trainer scores the
+    same tokens with its current weights (``engine_rows``: per row, one logprob a token)."""
+    batch = make_batch(prompts, completions, rt.tokenizer.pad_token_id)
+    trainer = rt.policy.get_logprobs(batch)  # [B, L]
+    engine = torch.zeros_like(trainer)
+    for b, row in enumerate(engine_rows):
+        engine[b, : len(row)] = torch.tensor(row)
+    return float((engine - trainer)[batch.completion_mask.bool()].abs().max())

