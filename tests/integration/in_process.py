@@ -62,6 +62,8 @@ class Call:
         result: what the driver received (a copy, after any ``transform``).
         weights_before: for the policy's ``train`` calls, the weights the step started from
             (Hugging Face names, CPU copies); else None.
+        forward_rows: policy calls: the number of rows of each forward pass of the policy's
+            models (trained and reference) during the call, in order.
     """
 
     role: str
@@ -71,6 +73,7 @@ class Call:
     kwargs: dict[str, Any]
     result: Any = None
     weights_before: dict[str, torch.Tensor] | None = None
+    forward_rows: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -85,12 +88,15 @@ class Worker:
 
 @dataclass
 class Recorder:
-    """The calls and workers of the current run; ``transforms`` rewrite results on the way back
-    (``(role, method) -> fn(call, result) -> result``), e.g. to perturb an engine's logprobs."""
+    """The calls, workers, Ray start-up arguments and reservations of the current run;
+    ``transforms`` rewrite results on the way back (``(role, method) -> fn(call, result) ->
+    result``), e.g. to perturb an engine's logprobs."""
 
     calls: list[Call] = field(default_factory=list)
     workers: list[Worker] = field(default_factory=list)
     transforms: dict[tuple[str, str], Callable[[Call, Any], Any]] = field(default_factory=dict)
+    ray_init: list[dict[str, Any]] = field(default_factory=list)  # init_ray's keyword arguments
+    clusters: list[NoCluster] = field(default_factory=list)  # the reservations asked for
 
 
 class LocalWorkerGroup:
@@ -106,9 +112,19 @@ class LocalWorkerGroup:
         self.workers = []
         for rank, _ in enumerate(indices):
             impl = impl_cls(*_copy(args), rank=rank, **_copy(kwargs))
+            if self.role == "policy":
+                for model in (impl.model, impl.reference):
+                    model.register_forward_pre_hook(self._count_rows, with_kwargs=True)
             self.workers.append(impl)
             self.recorder.workers.append(Worker(impl, self.role, rank, torch.get_num_threads()))
             torch.set_num_threads(threads)  # a worker sets its own threads; keep the test process's
+
+    def _count_rows(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook: the rows of this forward pass, on the call being executed."""
+        calls = self.recorder.calls
+        if calls:
+            ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+            calls[-1].forward_rows.append(int(ids.shape[0]))
 
     def wait_ready(self, who: str) -> None:
         """Constructors ran in ``__init__``: an error there already surfaced."""
@@ -143,9 +159,12 @@ class LocalWorkerGroup:
 class NoCluster:
     """``RayVirtualCluster``'s interface without Ray: remembers the bundles it was asked for."""
 
+    recorder: Recorder  # set by InProcess
+
     def __init__(self, num_bundles: int, num_cpus: float = 1.0, num_gpus: float = 0.0, **_: Any):
         self.num_bundles = num_bundles
         self.bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
+        self.recorder.clusters.append(self)
 
     def shutdown(self) -> None:
         pass
@@ -172,6 +191,7 @@ class InProcess:
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
         self.recorder = Recorder()
         group = type("RecordingGroup", (LocalWorkerGroup,), {"recorder": self.recorder})
+        cluster = type("RecordingCluster", (NoCluster,), {"recorder": self.recorder})
         real_resolve = runtime.resolve_backend
 
         def hf_only(backend: str) -> str:
@@ -180,8 +200,8 @@ class InProcess:
                 raise AssertionError(f"in-process runs drive the hf backend only, got {resolved!r}")
             return resolved
 
-        monkeypatch.setattr(runtime, "init_ray", lambda **_: None)
-        monkeypatch.setattr(runtime, "RayVirtualCluster", NoCluster)
+        monkeypatch.setattr(runtime, "init_ray", lambda **kwargs: self.recorder.ray_init.append(kwargs))
+        monkeypatch.setattr(runtime, "RayVirtualCluster", cluster)
         monkeypatch.setattr(runtime, "resolve_backend", hf_only)
         monkeypatch.setattr(lm_policy, "RayWorkerGroup", group)
         monkeypatch.setattr(hf_generation, "RayWorkerGroup", group)
@@ -194,8 +214,9 @@ class InProcess:
         """
         schema = algorithm.GRPOMasterConfig if hasattr(algorithm, "GRPOMasterConfig") else algorithm.SFTMasterConfig
         cfg = load_config(config, ["generation.backend=hf", *overrides], schema)
-        self.recorder.calls.clear()
-        self.recorder.workers.clear()
+        for log in (self.recorder.calls, self.recorder.workers, self.recorder.ray_init, self.recorder.clusters):
+            log.clear()
         self.recorder.transforms = dict(transforms or {})
         metrics = algorithm.train(cfg)
-        return Run(metrics, Recorder(list(self.recorder.calls), list(self.recorder.workers), self.recorder.transforms))
+        r = self.recorder
+        return Run(metrics, Recorder(list(r.calls), list(r.workers), r.transforms, list(r.ray_init), list(r.clusters)))

@@ -1,0 +1,602 @@
+"""Every config key reaches the code it configures: vary it, and the run changes as it should.
+
+A key that is silently dropped on its way from the YAML file to the code (a default used
+instead, a field not passed on to a worker) trains the wrong job with every test green. Here
+each key of the GRPO and SFT schemas has a proof: a run of the real loop, in this process
+(``in_process.py``), with the key set off its default, and an observation of what the key
+must change — the update the optimizer made (against an independent replay), the tokens the
+engine sampled, the prompts and rows the loop built, the files it wrote. The list of keys
+is derived from the pydantic schemas: a new key without a proof fails
+:func:`test_every_config_key_has_a_proof`, unless it is in ``NOTHING_TO_OBSERVE`` with the
+reason it changes nothing a run can observe.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from in_process import InProcess, Run
+from pydantic import BaseModel
+from replay import ReplayTrainer, TrainerSpec, max_weight_gap
+
+from posttrain.algorithms import grpo, sft
+from posttrain.algorithms.refit_probe import RefitProbeError
+from posttrain.config import load_config
+from posttrain.errors import ConfigError
+from posttrain.models.generation import factory
+from posttrain.models.generation.interfaces import GenerationOutput
+
+ROOT = Path(__file__).resolve().parents[2]
+GRPO_YAML = str(ROOT / "examples" / "configs" / "grpo_arithmetic.yaml")
+SFT_YAML = str(ROOT / "examples" / "configs" / "sft_arithmetic.yaml")
+
+
+def leaf_keys(schema: type[BaseModel], prefix: str = "") -> set[str]:
+    """Dotted names of every leaf field of a pydantic schema (sections are walked into)."""
+    keys = set()
+    for name, field in schema.model_fields.items():
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            keys |= leaf_keys(kind, f"{prefix}{name}.")
+        else:
+            keys.add(prefix + name)
+    return keys
+
+
+def low_digit_reward(completion: str, answer: str) -> float:
+    """A reward the untrained tiny model earns about half the time, so groups vary and it trains."""
+    return float(completion[:1] in {"0", "1", "2", "3", "4"})
+
+
+class Runner:
+    """Short in-process GRPO / SFT runs from the example configs, with overrides."""
+
+    def __init__(self, ip: InProcess, model_path: str, tmp: Path, tokenizer):
+        self.ip, self.model_path, self.tmp, self.tok = ip, model_path, tmp, tokenizer
+        self.runs = 0
+
+    def _log_dir(self) -> str:
+        self.runs += 1
+        return f"logger.log_dir={self.tmp / f'run{self.runs}'}"
+
+    def grpo(self, *overrides: str, transforms=None) -> Run:
+        base = [f"model.path={self.model_path}", self._log_dir(), "grpo.num_steps=2", "grpo.num_prompts_per_step=4",
+                "grpo.completions_per_prompt=4", "generation.max_new_tokens=3", "data.arithmetic.num_val=6",
+                "grpo.val_period=0", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16"]
+        return self.ip.run(grpo, GRPO_YAML, [*base, *overrides], transforms)
+
+    def sft(self, *overrides: str, transforms=None) -> Run:
+        base = [f"model.path={self.model_path}", self._log_dir(), "sft.num_steps=2", "sft.batch_size=8",
+                "sft.val_period=0", "sft.val_loss_size=6", "data.arithmetic.num_val=6", "generation.max_new_tokens=3",
+                "policy.train_global_batch_size=8", "policy.train_micro_batch_size=8"]
+        return self.ip.run(sft, SFT_YAML, [*base, *overrides], transforms)
+
+    def sampled(self, run: Run) -> list[tuple[list[str], GenerationOutput]]:
+        """Per step, the questions of the sampling call and the engine's output."""
+        return [([self.tok.decode(p) for p in c.args[0]], c.result) for c in run.calls("generation", "generate")
+                if not c.kwargs["params"].greedy]
+
+    def validated(self, run: Run) -> list[list[str]]:
+        """The questions of each greedy (validation) call."""
+        return [[self.tok.decode(p) for p in c.args[0]] for c in run.calls("generation", "generate")
+                if c.kwargs["params"].greedy]
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model_path, tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(grpo, "math_reward", low_digit_reward)
+        yield Runner(InProcess(mp), tiny_model_path, tmp_path_factory.mktemp("plumbing"),
+                     AutoTokenizer.from_pretrained(tiny_model_path))
+
+
+def steps_logged(run: Run, metric: str) -> list[int]:
+    return sorted(int(s) for s in run.metrics[metric])
+
+
+def groups(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+# --- the trainer: replayed independently, once with the run's values and once with the key at its default --
+
+TRAINER_KEYS: dict[str, object] = {
+    "policy.lr": 5e-3,
+    "policy.weight_decay": 0.5,
+    "policy.betas": [0.5, 0.9],
+    "policy.warmup_steps": 3,
+    "policy.max_grad_norm": 0.3,
+    "policy.train_global_batch_size": 4,
+    "grpo.clip_eps": 0.05,
+    "grpo.kl_coef": 2.0,
+    "generation.temperature": 0.6,
+}
+
+
+@pytest.fixture(scope="module")
+def trainer_run(runner):
+    """One GRPO run with every trainer key off its default (3 steps, several optimizer steps each)."""
+    overrides = [f"{k}={json.dumps(v)}" for k, v in TRAINER_KEYS.items()] + ["policy.train_micro_batch_size=2"]
+    run = runner.grpo(*overrides, "grpo.num_steps=3")
+    cfg = load_config(GRPO_YAML, overrides, grpo.GRPOMasterConfig)
+    return run, TrainerSpec.of(cfg, "grpo")
+
+
+def replay_agrees(run: Run, model_path: str, spec: TrainerSpec) -> bool:
+    """Does an independent replay with ``spec`` reproduce the run's weights and metrics?"""
+    from transformers import AutoModelForCausalLM
+
+    replay = ReplayTrainer(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), spec)
+    for step, call in enumerate(run.calls("policy", "train"), start=1):
+        if max_weight_gap(call.weights_before, replay.weights()) > 1e-4:
+            return False
+        batch, extra, _ = call.args
+        metrics = replay.train(batch, extra)
+        for key in ("loss", "kl", "clip_fraction", "grad_norm", "lr", "entropy", "num_optimizer_steps"):
+            logged = run.metrics[f"train/{key}"][str(step)]
+            if abs(logged - metrics[key]) > 1e-4 * max(1.0, abs(metrics[key])):
+                return False
+    return True
+
+
+def trainer_key(key: str) -> Callable[[Runner, object], None]:
+    def proof(runner: Runner, trainer_run) -> None:
+        run, spec = trainer_run
+        assert replay_agrees(run, runner.model_path, spec), "the run does not match a replay with its own config"
+        default = load_config(GRPO_YAML, [], grpo.GRPOMasterConfig)  # the value the key would fall back to
+        fallback = replace(spec, **{SPEC_FIELD[key]: SPEC_OF[key](default)})
+        assert fallback != spec
+        assert not replay_agrees(run, runner.model_path, fallback), f"{key} at its default trains the same"
+    proof.__doc__ = f"{key}: the run trains as a replay with its value does, and not as one with the default."
+    return proof
+
+
+SPEC_FIELD = {"policy.lr": "lr", "policy.weight_decay": "weight_decay", "policy.betas": "betas",
+              "policy.warmup_steps": "warmup_steps", "policy.max_grad_norm": "max_grad_norm",
+              "policy.train_global_batch_size": "global_batch_size", "grpo.clip_eps": "clip_eps",
+              "grpo.kl_coef": "kl_coef", "generation.temperature": "temperature"}
+SPEC_OF = {key: (lambda cfg, f=field: getattr(TrainerSpec.of(cfg, "grpo"), f)) for key, field in SPEC_FIELD.items()}
+
+
+# --- the engine ------------------------------------------------------------------------------
+
+
+def top_k(runner: Runner, _) -> None:
+    """top_k=1 samples the argmax: a group's completions are identical; top_k=0 they differ."""
+    for value, identical in ((1, True), (0, False)):
+        outs = runner.sampled(runner.grpo(f"generation.top_k={value}"))
+        same = all(all(c == g[0] for c in g) for _, out in outs for g in groups(out.completion_ids, 4))
+        assert same == identical, value
+
+
+def top_p(runner: Runner, _) -> None:
+    """top_p=0.01 keeps only the most likely token: a group's completions are identical."""
+    for value, identical in ((0.01, True), (1.0, False)):
+        outs = runner.sampled(runner.grpo(f"generation.top_p={value}"))
+        same = all(all(c == g[0] for c in g) for _, out in outs for g in groups(out.completion_ids, 4))
+        assert same == identical, value
+
+
+def max_new_tokens(runner: Runner, _) -> None:
+    """Completions stop at max_new_tokens (the untrained model often runs to the cap)."""
+    for value in (2, 5):
+        lengths = [len(c) for _, out in runner.sampled(runner.grpo(f"generation.max_new_tokens={value}"))
+                   for c in out.completion_ids]
+        assert max(lengths) == value, (value, lengths)
+
+
+def temperature_sampling(runner: Runner, _) -> None:
+    """The engine samples at the temperature (colder: likelier tokens), and the trainer scores
+    at the same one (the engine/trainer disagreement stays exp(0) = 1)."""
+    mean_logprob = {}
+    for value in (0.3, 3.0):
+        run = runner.grpo(f"generation.temperature={value}")
+        mean_logprob[value] = statistics.fmean(lp for _, out in runner.sampled(run) for row in out.logprobs
+                                               for lp in row)
+        assert max(run.metrics["train/token_mult_prob_error"].values()) == pytest.approx(1.0, abs=1e-4)
+    assert mean_logprob[0.3] > mean_logprob[3.0] + 0.5, mean_logprob
+
+
+def num_workers(runner: Runner, _) -> None:
+    """Two generation workers, each sampling its contiguous half of the rollouts."""
+    run = runner.grpo("generation.num_workers=2")
+    assert [w.rank for w in run.workers("generation")] == [0, 1]
+    first_step = [c for c in run.calls("generation", "generate") if not c.kwargs["params"].greedy][:2]
+    assert [c.rank for c in first_step] == [0, 1] and [len(c.args[0]) for c in first_step] == [8, 8]
+
+
+def generation_threads(runner: Runner, _) -> None:
+    run = runner.grpo("generation.num_threads=2")
+    assert [w.num_threads for w in run.workers("generation")] == [2]
+
+
+def backend(runner: Runner, _) -> None:
+    """backend=hf gives Hugging Face workers; backend=vllm reaches the backend check (here told
+    vLLM is missing: the run stops with the line naming the extra to install)."""
+    from posttrain.models.generation.hf_generation_worker import HfGenerationWorkerImpl
+
+    run = runner.grpo("generation.backend=hf")
+    assert all(isinstance(w.impl, HfGenerationWorkerImpl) for w in run.workers("generation"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(factory, "vllm_importable", lambda: False)
+        with pytest.raises(ConfigError, match="generation.backend=vllm but vLLM is not installed"):
+            runner.ip.run(grpo, GRPO_YAML, [f"model.path={runner.model_path}", "generation.backend=vllm"])
+
+
+# --- the weight-sync probe -------------------------------------------------------------------
+
+
+def probe_shape(runner: Runner, _) -> None:
+    """The probe scores num_sequences sequences of prompt_tokens + completion_tokens; 0 turns it off."""
+    run = runner.grpo("generation.refit_probe.num_sequences=3", "generation.refit_probe.prompt_tokens=5",
+                      "generation.refit_probe.completion_tokens=2")
+    scores = run.calls("generation", "score")
+    assert len(scores) == 2  # one per refit
+    prompts, completions = scores[0].args
+    assert [len(p) for p in prompts] == [5, 5, 5] and [len(c) for c in completions] == [2, 2, 2]
+    off = runner.grpo("generation.refit_probe.num_sequences=0")
+    assert not off.calls("generation", "score") and "train/refit_logprob_error" not in off.metrics
+
+
+def probe_seed(runner: Runner, _) -> None:
+    tokens = [runner.grpo(f"generation.refit_probe.seed={s}").calls("generation", "score")[0].args for s in (0, 1)]
+    assert tokens[0] != tokens[1]
+
+
+def probe_bound(runner: Runner, _) -> None:
+    """An engine 0.02 nats off on every probe token: a bound of 0.01 stops the run, 0.05 does not."""
+    shifted = {("generation", "score"): lambda call, rows: [[lp + 0.02 for lp in row] for row in rows]}
+    with pytest.raises(RefitProbeError, match="0.02 > generation.refit_probe.max_logprob_error = 0.01"):
+        runner.grpo("generation.refit_probe.max_logprob_error=0.01", transforms=shifted)
+    run = runner.grpo("generation.refit_probe.max_logprob_error=0.05", transforms=shifted)
+    assert max(run.metrics["train/refit_logprob_error"].values()) == pytest.approx(0.02, rel=1e-3)
+
+
+# --- the GRPO loop ------------------------------------------------------------------------------
+
+
+def grpo_num_steps(runner: Runner, _) -> None:
+    assert steps_logged(runner.grpo("grpo.num_steps=3"), "train/loss") == [1, 2, 3]
+
+
+def num_prompts_per_step(runner: Runner, _) -> None:
+    questions, _ = runner.sampled(runner.grpo("grpo.num_prompts_per_step=3"))[0]
+    assert len(questions) == 3 * 4 and len(set(questions)) == 3
+
+
+def completions_per_prompt(runner: Runner, _) -> None:
+    """G copies of each prompt, contiguous."""
+    questions, _ = runner.sampled(runner.grpo("grpo.completions_per_prompt=3"))[0]
+    assert len(questions) == 4 * 3 and all(len(set(g)) == 1 for g in groups(questions, 3))
+
+
+def step_rewards(runner: Runner, questions: list[str], out: GenerationOutput) -> list[float]:
+    texts = runner.tok.batch_decode(out.completion_ids, skip_special_tokens=True)
+    return [low_digit_reward(t, "") for t in texts]
+
+
+def advantage_estimator(runner: Runner, _) -> None:
+    """grpo: (r - mean) / (std + eps) per group; dr_grpo: r - mean, no std division."""
+    for estimator in ("grpo", "dr_grpo"):
+        run = runner.grpo(f"grpo.advantage_estimator={estimator}", "grpo.drop_zero_variance_groups=false")
+        (questions, out), train = runner.sampled(run)[0], run.calls("policy", "train")[0]
+        expected = []
+        for g in groups(step_rewards(runner, questions, out), 4):
+            mean, std = statistics.fmean(g), statistics.stdev(g)
+            expected += [(r - mean) / (std + 1e-6) if estimator == "grpo" else r - mean for r in g]
+        assert train.args[1]["advantages"].tolist() == pytest.approx(expected, abs=1e-4), estimator
+
+
+def drop_zero_variance_groups(runner: Runner, _) -> None:
+    """True: only groups whose rewards differ are trained on; False: every rollout."""
+    for drop in (True, False):
+        run = runner.grpo(f"grpo.drop_zero_variance_groups={str(drop).lower()}", "grpo.completions_per_prompt=2",
+                          "grpo.num_prompts_per_step=8")
+        (questions, out), train = runner.sampled(run)[0], run.calls("policy", "train")[0]
+        varied = [len(set(g)) > 1 for g in groups(step_rewards(runner, questions, out), 2)]
+        assert 0 < sum(varied) < len(varied), "needs both kinds of group to tell"
+        assert len(train.args[0]) == (2 * sum(varied) if drop else 16), drop
+
+
+def grpo_val_period(runner: Runner, _) -> None:
+    assert steps_logged(runner.grpo("grpo.num_steps=3", "grpo.val_period=2"), "val/accuracy") == [0, 2, 3]
+    assert steps_logged(runner.grpo("grpo.num_steps=3", "grpo.val_period=0"), "val/accuracy") == [0, 3]
+
+
+def grpo_seed(runner: Runner, _) -> None:
+    first = [runner.sampled(runner.grpo(f"grpo.seed={s}"))[0][0] for s in (0, 0, 1)]
+    assert first[0] == first[1] != first[2]
+
+
+# --- the SFT loop ----------------------------------------------------------------------------------
+
+
+def sft_num_steps(runner: Runner, _) -> None:
+    assert steps_logged(runner.sft("sft.num_steps=3"), "train/loss") == [1, 2, 3]
+
+
+def sft_batch_size(runner: Runner, _) -> None:
+    run = runner.sft("sft.batch_size=5", "policy.train_global_batch_size=5", "policy.train_micro_batch_size=5")
+    assert [len(c.args[0]) for c in run.calls("policy", "train")] == [5, 5]
+
+
+def sft_val_period(runner: Runner, _) -> None:
+    assert steps_logged(runner.sft("sft.num_steps=3", "sft.val_period=2"), "val/loss") == [0, 2, 3]
+
+
+def val_loss_size(runner: Runner, _) -> None:
+    run = runner.sft("sft.val_loss_size=4")
+    assert sorted({len(c.args[0]) for c in run.calls("policy", "get_logprobs")}) == [4, 8]  # val batch, probe
+
+
+def val_accuracy(runner: Runner, _) -> None:
+    off = runner.sft("sft.val_accuracy=false")
+    assert not runner.validated(off) and "val/accuracy" not in off.metrics
+    assert len(runner.validated(runner.sft("sft.val_accuracy=true"))) == 2
+
+
+def stop_at_val_accuracy(runner: Runner, _) -> None:
+    """Validation answers turn right after step 1: a target of 0.5 stops the run there."""
+    seen = []
+
+    def right_after_first(call, out):
+        seen.append(1)
+        if len(seen) == 1:
+            return out
+        answers = [str(sum(int(x) for x in runner.tok.decode(p).rstrip("=").split("+"))) for p in call.args[0]]
+        ids = [runner.tok.encode(a) + [runner.tok.eos_token_id] for a in answers]
+        return GenerationOutput(ids, [[-1.0] * len(i) for i in ids], out.weight_version)
+
+    run = runner.sft("sft.num_steps=4", "sft.val_period=1", "sft.stop_at_val_accuracy=0.5",
+                     transforms={("generation", "generate"): right_after_first})
+    assert steps_logged(run, "train/loss") == [1] and run.metrics["val/accuracy"] == {"0": 0.0, "1": 1.0}
+
+
+def sft_seed(runner: Runner, _) -> None:
+    rows = []
+    for seed in (0, 0, 1):
+        batch = runner.sft(f"sft.seed={seed}").calls("policy", "train")[0].args[0]
+        rows.append(batch.input_ids.tolist())
+    assert rows[0] == rows[1] != rows[2]
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+def operand_digits(runner: Runner, _) -> None:
+    questions = [q for qs, _ in runner.sampled(runner.grpo("data.arithmetic.operand_digits=1")) for q in qs]
+    assert all(len(q) == 4 for q in questions)  # "a+b=" with one-digit operands
+    questions = [q for qs, _ in runner.sampled(runner.grpo("data.arithmetic.operand_digits=2")) for q in qs]
+    assert max(len(q) for q in questions) == 6
+
+
+def operators(runner: Runner, _) -> None:
+    questions = [q for qs, _ in runner.sampled(runner.grpo("data.arithmetic.operators=[-]")) for q in qs]
+    assert all("-" in q and "+" not in q for q in questions)
+
+
+def num_val(runner: Runner, _) -> None:
+    assert [len(v) for v in runner.validated(runner.grpo("data.arithmetic.num_val=5"))] == [5, 5]
+
+
+def arithmetic_seed(runner: Runner, _) -> None:
+    held_out = [set(runner.validated(runner.grpo(f"data.arithmetic.seed={s}"))[0]) for s in (0, 1)]
+    assert held_out[0] != held_out[1]
+
+
+def max_val(runner: Runner, _) -> None:
+    assert [len(v) for v in runner.validated(runner.grpo("data.max_val=3"))] == [3, 3]
+
+
+def gsm8k_paths(runner: Runner, _) -> None:
+    """Problems come from the files named (small GSM8K-format files written here)."""
+    lines = {"train": [("How many is 2 and 3?", "2 + 3 = 5\n#### 5"), ("What is 4 and 4?", "#### 8")],
+             "val": [("Half of 10?", "10 / 2 = 5\n#### 5")]}
+    paths = {}
+    for split, records in lines.items():
+        paths[split] = runner.tmp / f"{split}.jsonl"
+        paths[split].write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in records))
+    run = runner.ip.run(sft, SFT_YAML, [
+        "model.path=null", "model.tiny.charset=ascii", f"logger.log_dir={runner.tmp / 'gsm8k'}", "sft.num_steps=1",
+        "sft.batch_size=2", "policy.train_global_batch_size=2", "policy.train_micro_batch_size=2",
+        "sft.val_loss_size=1", "data.dataset=gsm8k", f"data.gsm8k_train_path={paths['train']}",
+        f"data.gsm8k_val_path={paths['val']}", "generation.max_new_tokens=2"])
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(run.workers("policy")[0].impl.model.name_or_path)
+    batch = run.calls("policy", "train")[0].args[0]
+    trained = {tok.decode(batch.input_ids[b, : int(batch.prompt_lens[b])].tolist()) for b in range(2)}
+    validated = {tok.decode(p) for c in run.calls("generation", "generate") for p in c.args[0]}
+    assert trained == {q for q, _ in lines["train"]} and validated == {"Half of 10?"}
+
+
+# --- the model ---------------------------------------------------------------------------
+
+
+def model_path(runner: Runner, _) -> None:
+    """The policy starts from the weights in model.path."""
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.models.tiny import TinyModelConfig, build_tiny_model
+
+    other = build_tiny_model(TinyModelConfig(seed=7))
+    for path in (runner.model_path, str(other)):
+        run = runner.sft(f"model.path={path}", "sft.num_steps=1")
+        expected = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+        assert max_weight_gap(run.calls("policy", "train")[0].weights_before, expected) == 0.0, path
+
+
+TINY = {"model.tiny.charset": "ascii", "model.tiny.hidden_size": 64, "model.tiny.intermediate_size": 96,
+        "model.tiny.num_hidden_layers": 2, "model.tiny.num_attention_heads": 2, "model.tiny.num_key_value_heads": 1,
+        "model.tiny.max_position_embeddings": 128, "model.tiny.seed": 3}
+
+
+def tiny_model(runner: Runner, _) -> None:
+    """With no model.path the run trains a tiny model of exactly the shape configured."""
+    run = runner.sft("model.path=null", *(f"{k}={v}" for k, v in TINY.items()), "sft.num_steps=1")
+    config = run.workers("policy")[0].impl.model.config
+    for key, value in TINY.items():
+        field = key.rsplit(".", 1)[1]
+        if field in ("charset", "seed"):
+            continue
+        assert getattr(config, field) == value, key
+    assert config.vocab_size > 200  # the ascii charset (the arithmetic one has 17 symbols)
+    from posttrain.models.tiny import TinyModelConfig, build_tiny_model
+
+    same_but_seed = TinyModelConfig(**{k.rsplit(".", 1)[1]: v for k, v in TINY.items()} | {"seed": 0})
+    from transformers import AutoModelForCausalLM
+
+    seed0 = AutoModelForCausalLM.from_pretrained(build_tiny_model(same_but_seed)).state_dict()
+    assert max_weight_gap(run.calls("policy", "train")[0].weights_before, seed0) > 0.01  # seed 3, not 0
+
+
+# --- the policy worker's batching and threads --------------------------------------------------
+
+
+def micro_batch(runner: Runner, _) -> None:
+    """Each forward pass of a train call holds train_micro_batch_size rows."""
+    run = runner.sft("policy.train_micro_batch_size=2")
+    assert run.calls("policy", "train")[0].forward_rows == [2, 2, 2, 2]
+
+
+def logprob_batch(runner: Runner, _) -> None:
+    run = runner.sft("policy.logprob_batch_size=4", "sft.val_loss_size=6")
+    val = [c for c in run.calls("policy", "get_logprobs") if len(c.args[0]) == 6]
+    assert val[0].forward_rows == [4, 2]
+
+
+def policy_threads(runner: Runner, _) -> None:
+    assert [w.num_threads for w in runner.sft("policy.num_threads=2").workers("policy")] == [2]
+
+
+# --- cluster, logger, checkpoint -----------------------------------------------------------------
+
+
+def ray_start(runner: Runner, _) -> None:
+    """address, num_cpus and num_gpus are what Ray is started (or joined) with."""
+    run = runner.sft("cluster.address=10.0.0.1:6379", "cluster.num_cpus=3", "cluster.num_gpus=0")
+    assert run.recorder.ray_init == [{"address": "10.0.0.1:6379", "num_cpus": 3, "num_gpus": 0}]
+
+
+def cpus_per_worker(runner: Runner, _) -> None:
+    run = runner.sft("cluster.cpus_per_worker=0.25")
+    assert [c.bundle for c in run.recorder.clusters] == [{"CPU": 0.25}]
+
+
+def gpus_per_worker(runner: Runner, _) -> None:
+    """GPUs reserved per worker, and the workers put their models on CUDA (which fails here)."""
+    if torch.cuda.is_available():
+        pytest.skip("checked on a machine without CUDA: there the worker's move to CUDA must fail")
+    with pytest.raises((RuntimeError, AssertionError), match="(?i)cuda|nvidia"):
+        runner.sft("cluster.gpus_per_worker=0.5")
+    assert [c.bundle for c in runner.ip.recorder.clusters] == [{"CPU": 1.0, "GPU": 0.5}]
+
+
+def log_dir(runner: Runner, _) -> None:
+    where = runner.tmp / "chosen_log_dir"
+    run = runner.sft(f"logger.log_dir={where}")
+    assert json.loads((where / "metrics.json").read_text()) == run.metrics
+    assert list((where / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def print_period(runner: Runner, capsys) -> None:
+    for period, printed in ((1, ["0", "1", "2", "3"]), (2, ["0", "2"])):
+        runner.sft(f"logger.print_period={period}", "sft.num_steps=3")
+        lines = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+        assert lines == printed, period
+
+
+def save_path(runner: Runner, _) -> None:
+    """The final policy is written to save_path, loadable as a Hugging Face model."""
+    from transformers import AutoModelForCausalLM
+
+    where = runner.tmp / "final_model"
+    run = runner.sft(f"checkpoint.save_path={where}")
+    saved = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32).state_dict()
+    assert max_weight_gap(saved, run.workers("policy")[0].impl.get_weights()) == 0.0
+
+
+# --- the registry ------------------------------------------------------------------------------
+
+def both(*proofs: Callable) -> Callable:
+    """A key with more than one effect to prove (the temperature: training and sampling)."""
+    def proof(runner: Runner, context) -> None:
+        for p in proofs:
+            p(runner, context)
+    return proof
+
+
+PROOFS: dict[str, Callable] = {
+    **{key: trainer_key(key) for key in TRAINER_KEYS},
+    "generation.temperature": both(trainer_key("generation.temperature"), temperature_sampling),
+    "generation.top_k": top_k, "generation.top_p": top_p, "generation.max_new_tokens": max_new_tokens,
+    "generation.num_workers": num_workers, "generation.num_threads": generation_threads, "generation.backend": backend,
+    "generation.refit_probe.num_sequences": probe_shape, "generation.refit_probe.prompt_tokens": probe_shape,
+    "generation.refit_probe.completion_tokens": probe_shape, "generation.refit_probe.seed": probe_seed,
+    "generation.refit_probe.max_logprob_error": probe_bound,
+    "grpo.num_steps": grpo_num_steps, "grpo.num_prompts_per_step": num_prompts_per_step,
+    "grpo.completions_per_prompt": completions_per_prompt, "grpo.advantage_estimator": advantage_estimator,
+    "grpo.drop_zero_variance_groups": drop_zero_variance_groups, "grpo.val_period": grpo_val_period,
+    "grpo.seed": grpo_seed,
+    "sft.num_steps": sft_num_steps, "sft.batch_size": sft_batch_size, "sft.val_period": sft_val_period,
+    "sft.val_loss_size": val_loss_size, "sft.val_accuracy": val_accuracy,
+    "sft.stop_at_val_accuracy": stop_at_val_accuracy, "sft.seed": sft_seed,
+    "data.arithmetic.operand_digits": operand_digits, "data.arithmetic.operators": operators,
+    "data.arithmetic.num_val": num_val, "data.arithmetic.seed": arithmetic_seed, "data.max_val": max_val,
+    "data.gsm8k_train_path": gsm8k_paths, "data.gsm8k_val_path": gsm8k_paths,
+    "model.path": model_path, **{key: tiny_model for key in TINY},
+    "policy.train_micro_batch_size": micro_batch, "policy.logprob_batch_size": logprob_batch,
+    "policy.num_threads": policy_threads,
+    "cluster.address": ray_start, "cluster.num_cpus": ray_start, "cluster.num_gpus": ray_start,
+    "cluster.cpus_per_worker": cpus_per_worker, "cluster.gpus_per_worker": gpus_per_worker,
+    "logger.log_dir": log_dir, "logger.print_period": print_period, "checkpoint.save_path": save_path,
+}
+
+# Proven by a test elsewhere: key -> its node id (it sets the key and observes the effect).
+PROVEN_ELSEWHERE: dict[str, str] = {
+    "data.dataset": "tests/integration/test_loop_data.py::test_grpo_on_gsm8k_trains_on_the_train_file_and_validates_"
+                    "on_the_test_file",
+}
+
+# Keys that change nothing a run can observe in this tier, and why. Keep this list short.
+NOTHING_TO_OBSERVE: dict[str, str] = {
+    # vLLM only (the in-process runs drive the hf backend): where engines are placed, and how
+    # much KV cache they reserve. Results do not change; the vLLM tier and grpo.sh /
+    # grpo_non_colocated.sh run both placements, test_refit_probe.py counts the bundles.
+    "generation.colocated": "vLLM placement (bundles), not results",
+    "generation.max_model_len": "vLLM engine capacity (KV cache), not results",
+    "generation.max_num_seqs": "vLLM engine capacity (KV cache), not results",
+}
+
+
+def test_every_config_key_has_a_proof() -> None:
+    keys = leaf_keys(grpo.GRPOMasterConfig) | leaf_keys(sft.SFTMasterConfig)
+    covered = PROOFS.keys() | PROVEN_ELSEWHERE.keys() | NOTHING_TO_OBSERVE.keys()
+    missing = sorted(keys - covered)
+    assert not missing, (f"config keys no test proves to reach their code: {missing}; add a proof to PROOFS "
+                         "(vary the key, observe its effect) or, if nothing observable changes, to NOTHING_TO_OBSERVE")
+    assert not sorted(covered - keys), "entries for keys the schemas no longer have"
+    assert len(covered) == len(PROOFS) + len(PROVEN_ELSEWHERE) + len(NOTHING_TO_OBSERVE), "a key listed twice"
+
+
+def test_every_proof_elsewhere_names_a_test_that_exists() -> None:
+    for key, node in PROVEN_ELSEWHERE.items():
+        path, name = node.split("::")
+        spec = importlib.util.spec_from_file_location("proof_module", ROOT / path)
+        assert spec and spec.loader, node
+        text = (ROOT / path).read_text()
+        assert f"def {name}(" in text, f"{key}: {node} does not exist"
+
+
+@pytest.mark.parametrize("key", sorted(PROOFS))
+def test_config_key_reaches_its_code(key: str, runner, capsys, request) -> None:
+    PROOFS[key](runner, request.getfixturevalue("trainer_run") if key in TRAINER_KEYS else capsys)
