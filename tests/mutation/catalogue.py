@@ -26,6 +26,8 @@ STEP_METRICS = "tests/integration/test_step_metrics.py"
 NAN = "tests/unit/test_nan_reaches_a_verdict.py"
 LOOP_DATA = "tests/integration/test_loop_data.py"
 SFT_TOKENS = "tests/integration/test_sft_tokens.py"
+VLLM_TESTS = "tests/unit/models/generation/test_vllm_generation.py"
+VLLM_WORKER = "posttrain/models/generation/vllm/vllm_generation_worker.py"
 
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
 # the others are the classes of issue 12.
@@ -248,6 +250,21 @@ MUTANTS: tuple[Mutant, ...] = (
            (("engine_version = generation.weight_version()", "engine_version = version"),),
            (f"{LOOP_DATA}::test_an_engine_reporting_a_stale_version_after_refit_stops_the_run",),
            klass="stale-engine"),
+    Mutant("prefix_cache_not_reset", "a refit loads the weights but keeps the KV blocks cached with the old ones",
+           VLLM_WORKER,
+           (("            cleared = self.llm.reset_prefix_cache()\n", "            cleared = True\n"),),
+           (f"{VLLM_TESTS}::test_after_each_refit_prompts_sharing_a_cached_prefix_get_the_trainers_new_logprobs",),
+           klass="stale-engine", tier="vllm"),
+    Mutant("vllm_version_checked_against_itself", "the vLLM worker checks the engine's stamps against the label "
+           "it reads back, not the version it was given", VLLM_WORKER,
+           (("        expected = self.version\n", "        expected = self.weight_version()\n"),),
+           (f"{VLLM_TESTS}::test_generate_refuses_an_engine_relabelled_behind_the_workers_back",),
+           klass="stale-engine", tier="vllm"),
+    Mutant("vllm_reports_remembered_version", "the vLLM worker reports the version it was given, not the engine label",
+           VLLM_WORKER,
+           (("        return int(self.llm.llm_engine.get_weight_version())\n", "        return self.version\n"),),
+           (f"{VLLM_TESTS}::test_refit_fails_its_version_check_when_the_engine_drops_the_new_label",),
+           klass="stale-engine", tier="vllm"),
     # --- issue 12: prompts reused across steps -------------------------------------------------------
     Mutant("grpo_same_prompts_every_step", "GRPO trains on the first step's prompts at every step",
            "posttrain/algorithms/grpo.py",
