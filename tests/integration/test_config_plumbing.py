@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from in_process import InProcess, Run
+from learnable_reward import low_digit_reward
 from pydantic import BaseModel
 from replay import ReplayTrainer, TrainerSpec, max_weight_gap
 
@@ -49,10 +50,6 @@ def leaf_keys(schema: type[BaseModel], prefix: str = "") -> set[str]:
             keys.add(prefix + name)
     return keys
 
-
-def low_digit_reward(completion: str, answer: str) -> float:
-    """A reward the untrained tiny model earns about half the time, so groups vary and it trains."""
-    return float(completion[:1] in {"0", "1", "2", "3", "4"})
 
 
 class Runner:
@@ -279,7 +276,8 @@ def completions_per_prompt(runner: Runner, _) -> None:
     assert len(questions) == 4 * 3 and all(len(set(g)) == 1 for g in groups(questions, 3))
 
 
-def step_rewards(runner: Runner, questions: list[str], out: GenerationOutput) -> list[float]:
+def step_rewards(runner: Runner, out: GenerationOutput) -> list[float]:
+    """The rewards of a sampling call's rollouts, recomputed from their text."""
     texts = runner.tok.batch_decode(out.completion_ids, skip_special_tokens=True)
     return [low_digit_reward(t, "") for t in texts]
 
@@ -288,9 +286,9 @@ def advantage_estimator(runner: Runner, _) -> None:
     """grpo: (r - mean) / (std + eps) per group; dr_grpo: r - mean, no std division."""
     for estimator in ("grpo", "dr_grpo"):
         run = runner.grpo(f"grpo.advantage_estimator={estimator}", "grpo.drop_zero_variance_groups=false")
-        (questions, out), train = runner.sampled(run)[0], run.calls("policy", "train")[0]
+        (_, out), train = runner.sampled(run)[0], run.calls("policy", "train")[0]
         expected = []
-        for g in groups(step_rewards(runner, questions, out), 4):
+        for g in groups(step_rewards(runner, out), 4):
             mean, std = statistics.fmean(g), statistics.stdev(g)
             expected += [(r - mean) / (std + 1e-6) if estimator == "grpo" else r - mean for r in g]
         assert train.args[1]["advantages"].tolist() == pytest.approx(expected, abs=1e-4), estimator
@@ -301,8 +299,8 @@ def drop_zero_variance_groups(runner: Runner, _) -> None:
     for drop in (True, False):
         run = runner.grpo(f"grpo.drop_zero_variance_groups={str(drop).lower()}", "grpo.completions_per_prompt=2",
                           "grpo.num_prompts_per_step=8")
-        (questions, out), train = runner.sampled(run)[0], run.calls("policy", "train")[0]
-        varied = [len(set(g)) > 1 for g in groups(step_rewards(runner, questions, out), 2)]
+        (_, out), train = runner.sampled(run)[0], run.calls("policy", "train")[0]
+        varied = [len(set(g)) > 1 for g in groups(step_rewards(runner, out), 2)]
         assert 0 < sum(varied) < len(varied), "needs both kinds of group to tell"
         assert len(train.args[0]) == (2 * sum(varied) if drop else 16), drop
 

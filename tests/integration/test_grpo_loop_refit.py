@@ -10,14 +10,14 @@ of the sampled tokens drift far from the trainer's.
 from __future__ import annotations
 
 import pytest
+from learnable_reward import low_digit_reward
 
 from posttrain.algorithms import grpo
 from posttrain.config import load_config
 
 
 def test_engine_scores_like_the_trainer_on_every_step(ray_cluster, tiny_model_path, tmp_path, monkeypatch) -> None:
-    low_digit = {"0", "1", "2", "3", "4"}
-    monkeypatch.setattr(grpo, "math_reward", lambda completion, answer: float(completion[:1] in low_digit))
+    monkeypatch.setattr(grpo, "math_reward", low_digit_reward)
     cfg = load_config("examples/configs/grpo_arithmetic.yaml",
                       [f"model.path={tiny_model_path}", "generation.backend=hf", "cluster.cpus_per_worker=0.5",
                        "data.arithmetic.num_val=8", f"logger.log_dir={tmp_path / 'logs'}", "grpo.num_steps=4",

@@ -20,6 +20,7 @@ import statistics
 
 import pytest
 import torch
+from learnable_reward import low_digit_reward
 from replay import ReplayTrainer, TrainerSpec, assert_metrics_match, max_weight_gap, padded, token_logprobs
 
 from posttrain.algorithms import grpo, sft
@@ -34,10 +35,6 @@ PROBE_LOGPROB_SHIFT = 0.02  # added to every probe token the engine scores
 # within 1% of one step (float noise through Adam reaches ~1e-5 after a few steps).
 WEIGHT_TOLERANCE = 1e-4
 
-
-def low_digit_reward(completion: str, answer: str) -> float:
-    """A reward the untrained tiny model earns about half the time: groups vary, advantages move."""
-    return float(completion[:1] in {"0", "1", "2", "3", "4"})
 
 
 def shift_sampled_logprobs(call, out: GenerationOutput) -> GenerationOutput:
