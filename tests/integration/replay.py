@@ -139,7 +139,7 @@ class ReplayTrainer:
                 k3 = torch.exp(log_r) - log_r - 1  # k3 estimator of KL(pi || pi_ref)
                 total = total - surrogate + spec.kl_coef * k3
                 kl_sum += float(k3.detach())
-                r = float(ratio)
+                r = float(ratio.detach())
                 ratios.append(r)
                 # the clip takes the gradient away: ratio above 1+eps with A > 0, below 1-eps with A < 0
                 clipped += float((adv > 0 and r > high) or (adv < 0 and r < low))
