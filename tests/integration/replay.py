@@ -144,7 +144,7 @@ class ReplayTrainer:
                 # the clip takes the gradient away: ratio above 1+eps with A > 0, below 1-eps with A < 0
                 clipped += float((adv > 0 and r > high) or (adv < 0 and r < low))
         loss = total / max(num_tokens, 1)
-        metrics = {"loss": float(loss), "entropy": entropy / max(num_tokens, 1)}
+        metrics = {"loss": float(loss.detach()), "entropy": entropy / max(num_tokens, 1)}
         if spec.clip_eps is not None:
             metrics.update(kl=kl_sum / max(num_tokens, 1), clip_fraction=clipped / max(num_tokens, 1),
                            probs_ratio_min=min(ratios, default=1.0), probs_ratio_max=max(ratios, default=1.0))
