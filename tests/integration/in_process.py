@@ -172,8 +172,9 @@ class NoCluster:
 
 @dataclass
 class Run:
-    """One finished in-process run: its logged metrics and what the loop did."""
+    """One finished in-process run: the config it ran with, its logged metrics, what the loop did."""
 
+    cfg: Any  # the validated GRPOMasterConfig / SFTMasterConfig
     metrics: dict[str, dict[str, float]]
     recorder: Recorder
 
@@ -219,4 +220,5 @@ class InProcess:
         self.recorder.transforms = dict(transforms or {})
         metrics = algorithm.train(cfg)
         r = self.recorder
-        return Run(metrics, Recorder(list(r.calls), list(r.workers), r.transforms, list(r.ray_init), list(r.clusters)))
+        return Run(cfg, metrics,
+                   Recorder(list(r.calls), list(r.workers), r.transforms, list(r.ray_init), list(r.clusters)))

@@ -13,7 +13,6 @@ reason it changes nothing a run can observe.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 from collections.abc import Callable
@@ -122,10 +121,9 @@ TRAINER_KEYS: dict[str, object] = {
 @pytest.fixture(scope="module")
 def trainer_run(runner):
     """One GRPO run with every trainer key off its default (3 steps, several optimizer steps each)."""
-    overrides = [f"{k}={json.dumps(v)}" for k, v in TRAINER_KEYS.items()] + ["policy.train_micro_batch_size=2"]
-    run = runner.grpo(*overrides, "grpo.num_steps=3")
-    cfg = load_config(GRPO_YAML, overrides, grpo.GRPOMasterConfig)
-    return run, TrainerSpec.of(cfg, "grpo")
+    overrides = [f"{k}={json.dumps(v)}" for k, v in TRAINER_KEYS.items()]
+    run = runner.grpo(*overrides, "policy.train_micro_batch_size=2", "grpo.num_steps=3")
+    return run, TrainerSpec.of(run.cfg, "grpo")
 
 
 def replay_agrees(run: Run, model_path: str, spec: TrainerSpec) -> bool:
@@ -491,12 +489,24 @@ def cpus_per_worker(runner: Runner, _) -> None:
 
 
 def gpus_per_worker(runner: Runner, _) -> None:
-    """GPUs reserved per worker, and the workers put their models on CUDA (which fails here)."""
+    """GPUs reserved per worker, and both workers (policy and generation) put their models on
+    CUDA. Moves of a model are recorded instead of done, so the workers start on a machine
+    without a GPU; the run then stops at the first batch it sends to CUDA."""
     if torch.cuda.is_available():
-        pytest.skip("checked on a machine without CUDA: there the worker's move to CUDA must fail")
-    with pytest.raises((RuntimeError, AssertionError), match="(?i)cuda|nvidia"):
-        runner.sft("cluster.gpus_per_worker=0.5")
+        pytest.skip("checked on a machine without CUDA: there a tensor's move to CUDA must fail")
+    moved_to: list[str] = []
+
+    def record_move(module, *args, **kwargs):
+        moved_to.append(str(args[0] if args else kwargs.get("device")))
+        return module
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.nn.Module, "to", record_move)
+        with pytest.raises((RuntimeError, AssertionError), match="(?i)cuda|nvidia"):
+            runner.sft("cluster.gpus_per_worker=0.5")
     assert [c.bundle for c in runner.ip.recorder.clusters] == [{"CPU": 1.0, "GPU": 0.5}]
+    assert [w.role for w in runner.ip.recorder.workers] == ["policy", "generation"]
+    assert moved_to == ["cuda", "cuda"], moved_to  # the policy's model, then the engine's
 
 
 def log_dir(runner: Runner, _) -> None:
@@ -589,10 +599,7 @@ def test_every_config_key_has_a_proof() -> None:
 def test_every_proof_elsewhere_names_a_test_that_exists() -> None:
     for key, node in PROVEN_ELSEWHERE.items():
         path, name = node.split("::")
-        spec = importlib.util.spec_from_file_location("proof_module", ROOT / path)
-        assert spec and spec.loader, node
-        text = (ROOT / path).read_text()
-        assert f"def {name}(" in text, f"{key}: {node} does not exist"
+        assert f"def {name}(" in (ROOT / path).read_text(), f"{key}: {node} does not exist"
 
 
 @pytest.mark.parametrize("key", sorted(PROOFS))

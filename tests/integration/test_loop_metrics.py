@@ -36,28 +36,29 @@ PROBE_LOGPROB_SHIFT = 0.02  # added to every probe token the engine scores
 WEIGHT_TOLERANCE = 1e-4
 
 
+def engine_transforms(tokenizer) -> dict:
+    """Results rewritten on their way back from the engine (``in_process`` transforms):
 
-def shift_sampled_logprobs(call, out: GenerationOutput) -> GenerationOutput:
-    """Sampling calls: the engine's logprobs off by ENGINE_LOGPROB_SHIFT. Greedy (validation)
-    calls: the right answer for every third problem, a wrong one (its first digit) otherwise."""
-    prompts, params = call.args[0], call.kwargs["params"]
-    if not params.greedy:
-        return GenerationOutput(out.completion_ids, [[lp + ENGINE_LOGPROB_SHIFT for lp in row] for row in out.logprobs],
-                                out.weight_version)
-    completions = []
-    for i, prompt in enumerate(prompts):
-        answer = str(eval_sum(TOKENIZER.decode(prompt)))
-        text = answer if i % 3 == 0 else answer + "9"
-        completions.append(TOKENIZER.encode(text) + [TOKENIZER.eos_token_id])
-    return GenerationOutput(completions, [[-1.0] * len(c) for c in completions], out.weight_version)
+    - sampling calls: every logprob off by ENGINE_LOGPROB_SHIFT;
+    - greedy (validation) calls: the right answer for every third problem, a wrong one otherwise;
+    - probe scores: every logprob off by PROBE_LOGPROB_SHIFT.
+    """
 
+    def generate(call, out: GenerationOutput) -> GenerationOutput:
+        prompts, params = call.args[0], call.kwargs["params"]
+        if not params.greedy:
+            shifted = [[lp + ENGINE_LOGPROB_SHIFT for lp in row] for row in out.logprobs]
+            return GenerationOutput(out.completion_ids, shifted, out.weight_version)
+        completions = []
+        for i, prompt in enumerate(prompts):
+            answer = str(eval_sum(tokenizer.decode(prompt)))
+            completions.append(tokenizer.encode(answer if i % 3 == 0 else answer + "9") + [tokenizer.eos_token_id])
+        return GenerationOutput(completions, [[-1.0] * len(c) for c in completions], out.weight_version)
 
-def shift_probe_scores(call, rows: list[list[float]]) -> list[list[float]]:
-    return [[lp + PROBE_LOGPROB_SHIFT for lp in row] for row in rows]
+    def score(call, rows: list[list[float]]) -> list[list[float]]:
+        return [[lp + PROBE_LOGPROB_SHIFT for lp in row] for row in rows]
 
-
-TRANSFORMS = {("generation", "generate"): shift_sampled_logprobs, ("generation", "score"): shift_probe_scores}
-TOKENIZER = None  # set by the tokenizer fixture (the transforms run inside the loop)
+    return {("generation", "generate"): generate, ("generation", "score"): score}
 
 
 def eval_sum(question: str) -> int:
@@ -65,13 +66,11 @@ def eval_sum(question: str) -> int:
     return int(a) + int(b)
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def tokenizer(tiny_model_path):
     from transformers import AutoTokenizer
 
-    global TOKENIZER
-    TOKENIZER = AutoTokenizer.from_pretrained(tiny_model_path)
-    return TOKENIZER
+    return AutoTokenizer.from_pretrained(tiny_model_path)
 
 
 def logged_at(run, step: int) -> dict[str, float]:
@@ -92,9 +91,9 @@ def steps_of(run) -> list[list]:
     return steps
 
 
-def first(calls, role, method, **kwargs):
-    return next(c for c in calls if c.role == role and c.method == method
-                and all(c.kwargs.get(k, False) == v for k, v in kwargs.items()))
+def first(calls, role: str, method: str):
+    """The first of ``calls`` made to ``method`` of a ``role`` worker."""
+    return next(c for c in calls if c.role == role and c.method == method)
 
 
 def rollout_rewards(generate_call, tokenizer) -> list[float]:
@@ -122,7 +121,7 @@ def group_advantages(rewards: list[float], group_size: int) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def grpo_run(tiny_model_path, tmp_path_factory):
+def grpo_run(tiny_model_path, tmp_path_factory, tokenizer):
     with pytest.MonkeyPatch.context() as mp:
         from in_process import InProcess
 
@@ -132,11 +131,8 @@ def grpo_run(tiny_model_path, tmp_path_factory):
                      "generation.max_new_tokens=6", "data.arithmetic.num_val=9", "grpo.val_period=0",
                      "policy.lr=1e-2", "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2",
                      "grpo.kl_coef=0.5", "generation.refit_probe.max_logprob_error=0.1"]
-        run = InProcess(mp).run(grpo, GRPO_YAML, overrides, TRANSFORMS)
-        cfg = grpo.GRPOMasterConfig.model_validate(
-            {"grpo": {"completions_per_prompt": 4, "kl_coef": 0.5}, "policy": {
-                "lr": 1e-2, "train_global_batch_size": 4, "train_micro_batch_size": 2}})
-        yield run, cfg, tiny_model_path
+        run = InProcess(mp).run(grpo, GRPO_YAML, overrides, engine_transforms(tokenizer))
+        yield run, run.cfg, tiny_model_path
 
 
 def test_grpo_train_step_metrics_equal_an_independent_replay(grpo_run) -> None:
@@ -254,7 +250,7 @@ def test_grpo_validation_accuracy_is_the_fraction_of_right_answers(grpo_run, tok
 
 
 @pytest.fixture(scope="module")
-def sft_run(tiny_model_path, tmp_path_factory):
+def sft_run(tiny_model_path, tmp_path_factory, tokenizer):
     with pytest.MonkeyPatch.context() as mp:
         from in_process import InProcess
 
@@ -263,10 +259,8 @@ def sft_run(tiny_model_path, tmp_path_factory):
                      "data.arithmetic.num_val=9", "policy.lr=1e-2", "policy.warmup_steps=0",
                      "generation.refit_probe.max_logprob_error=0.1",
                      "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2"]
-        run = InProcess(mp).run(sft, SFT_YAML, overrides, TRANSFORMS)
-        cfg = sft.SFTMasterConfig.model_validate(
-            {"policy": {"lr": 1e-2, "betas": [0.9, 0.98], "train_global_batch_size": 4, "train_micro_batch_size": 2}})
-        yield run, cfg, tiny_model_path
+        run = InProcess(mp).run(sft, SFT_YAML, overrides, engine_transforms(tokenizer))
+        yield run, run.cfg, tiny_model_path
 
 
 def test_sft_train_step_metrics_equal_an_independent_replay(sft_run) -> None:
