@@ -39,9 +39,32 @@ class ModelConfig(Section):
     tiny: TinyModelConfig = TinyModelConfig()
 
 
-class PolicyConfig(Section):
-    """Training side: optimizer and batching (rows are sequences)."""
+class MegatronConfig(Section):
+    """The Megatron policy backend (``policy.backend: megatron``; extra ``mcore``, GPUs only)."""
 
+    tensor_model_parallel_size: int = Field(1, ge=1, description="GPUs (policy workers) one model is split over")
+    pipeline_model_parallel_size: int = Field(1, ge=1, description="only 1: pipeline stages are not implemented")
+    precision: Literal["fp32", "bf16-mixed"] = Field(
+        "bf16-mixed", description="bf16-mixed: bf16 weights and compute, fp32 master weights and Adam state"
+    )
+
+    @model_validator(mode="after")
+    def _no_pipeline_yet(self) -> MegatronConfig:
+        if self.pipeline_model_parallel_size != 1:
+            raise ValueError(
+                f"pipeline_model_parallel_size={self.pipeline_model_parallel_size} is not supported: "
+                "the Megatron policy has no pipeline schedule yet (use 1; tensor parallelism is supported)"
+            )
+        return self
+
+
+class PolicyConfig(Section):
+    """Training side: the backend, optimizer and batching (rows are sequences)."""
+
+    backend: Literal["hf", "megatron"] = Field(
+        "hf", description="hf: a transformers model in torch; megatron: a megatron-core GPTModel (GPU, extra mcore)"
+    )
+    megatron: MegatronConfig = MegatronConfig()
     lr: float = Field(3e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: list[float] = Field([0.9, 0.999], min_length=2, max_length=2, description="AdamW (beta1, beta2)")

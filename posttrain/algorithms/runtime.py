@@ -15,7 +15,7 @@ from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
 from posttrain.errors import ConfigError
 from posttrain.models.generation.factory import create_generation, num_bundles, resolve_backend
 from posttrain.models.generation.interfaces import Generation
-from posttrain.models.policy.lm_policy import Policy
+from posttrain.models.policy.lm_policy import Policy, check_backend, num_policy_workers
 from posttrain.models.tiny import build_tiny_model
 from posttrain.utils.logger import MetricsLogger
 from posttrain.utils.memory import peak_rss_gib
@@ -70,29 +70,37 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     """Start Ray, reserve the bundles, place the policy and the generation backend.
 
     The backend is ``generation.backend`` resolved (``auto``: vLLM when installed). The
-    policy takes bundle 0; colocated vLLM engines share it, other engines take one bundle
-    each. The policy worker computes logprobs at the sampling temperature, so the engine's
-    and the trainer's logprobs of the same tokens are comparable.
+    policy takes bundle 0 (and one more per extra tensor-parallel rank of a Megatron
+    policy); colocated vLLM engines share bundle 0, other engines take one bundle each.
+    The policy workers compute logprobs at the sampling temperature, so the engine's and
+    the trainer's logprobs of the same tokens are comparable.
 
     Raises:
-        ConfigError: vLLM asked for and not installed; the cluster cannot hold the bundles.
+        ConfigError: vLLM asked for and not installed; a Megatron policy without
+            megatron-core or GPUs; the cluster cannot hold the bundles.
         EngineStartError: a vLLM engine did not start.
         WorkerStartError: a policy or generation worker's constructor raised (e.g. weights
             it cannot load).
     """
     from transformers import AutoTokenizer
 
+    worker_cfg = {**policy.model_dump(), "temperature": generation.temperature, "device": cluster.device}
+    check_backend(worker_cfg, cluster.gpus_per_worker)
     model_path = resolve_model_path(model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     init_ray(address=cluster.address, num_cpus=cluster.num_cpus, num_gpus=cluster.num_gpus)
     backend = resolve_backend(generation.backend)
-    vc = RayVirtualCluster(num_bundles(generation, backend), num_cpus=cluster.cpus_per_worker,
+    policy_workers = num_policy_workers(worker_cfg)
+    vc = RayVirtualCluster(num_bundles(generation, backend, policy_workers), num_cpus=cluster.cpus_per_worker,
                            num_gpus=cluster.gpus_per_worker)
-    worker_cfg = {**policy.model_dump(), "temperature": generation.temperature, "device": cluster.device}
-    pol = Policy(vc, model_path, worker_cfg, seed, bundle_index=0)
     gen: Generation | None = None
     try:
-        gen = create_generation(generation, cluster, vc, model_path, backend, seed)
+        pol = Policy(vc, model_path, worker_cfg, seed, bundle_indices=list(range(policy_workers)))
+    except BaseException:
+        vc.shutdown()
+        raise
+    try:
+        gen = create_generation(generation, cluster, vc, model_path, backend, seed, policy_workers)
         # Both start in parallel; a constructor error surfaces here, as one line.
         pol.wait_ready()
         gen.wait_ready()

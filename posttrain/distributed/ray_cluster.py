@@ -9,9 +9,11 @@ instead of hanging while actors wait for resources that never free up.
 from __future__ import annotations
 
 import os
+import socket
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from posttrain.errors import ConfigError
 
@@ -85,3 +87,17 @@ class RayVirtualCluster:
     def shutdown(self) -> None:
         """Release the reservation (actors placed on it must be killed first)."""
         remove_placement_group(self.placement_group)
+
+    def rendezvous_address(self, bundle_index: int = 0) -> str:
+        """``tcp://<ip>:<port>`` on the node of bundle ``bundle_index``, with a port free there
+        now: where the ranks of a ``torch.distributed`` group placed from that bundle meet."""
+        strategy = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=bundle_index)
+        return ray.get(_free_address.options(scheduling_strategy=strategy).remote())
+
+
+@ray.remote(num_cpus=0)
+def _free_address() -> str:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    return f"tcp://{ray.util.get_node_ip_address()}:{port}"

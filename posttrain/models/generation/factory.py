@@ -38,19 +38,22 @@ def resolve_backend(backend: str, vllm_present: bool | None = None) -> Literal["
     raise ConfigError(f"unknown generation.backend '{backend}': expected auto, hf or vllm")
 
 
-def num_bundles(cfg: GenerationConfig, backend: Literal["hf", "vllm"]) -> int:
-    """Bundles of the virtual cluster: the policy's, plus one per engine unless colocated."""
+def num_bundles(cfg: GenerationConfig, backend: Literal["hf", "vllm"], policy_workers: int = 1) -> int:
+    """Bundles of the virtual cluster: the policy's (one per policy worker), plus one per
+    engine unless colocated."""
     colocated = cfg.colocated and backend == "vllm"
-    return 1 if colocated else 1 + cfg.num_workers
+    return policy_workers if colocated else policy_workers + cfg.num_workers
 
 
 def create_generation(cfg: GenerationConfig, cluster_cfg: ClusterConfig, cluster: RayVirtualCluster,
-                      model_path: str, backend: Literal["hf", "vllm"], seed: int) -> Generation:
-    """Start the engines of ``backend`` on ``cluster`` (bundle 0 is the policy's).
+                      model_path: str, backend: Literal["hf", "vllm"], seed: int,
+                      policy_workers: int = 1) -> Generation:
+    """Start the engines of ``backend`` on ``cluster`` (bundles ``0 .. policy_workers - 1``
+    are the policy's).
 
     Colocated vLLM engines go on bundle 0 and reserve nothing (see ``EnginePlacement``);
     on GPUs they sleep between calls so the policy gets the memory back. Otherwise each
-    engine takes bundle ``1 + rank``.
+    engine takes bundle ``policy_workers + rank``.
 
     Raises:
         EngineStartError, ConfigError: an engine did not start (one line).
@@ -58,8 +61,8 @@ def create_generation(cfg: GenerationConfig, cluster_cfg: ClusterConfig, cluster
     if backend == "hf":
         from posttrain.models.generation.hf_generation import HfGeneration
 
-        return HfGeneration(cluster, model_path, list(range(1, 1 + cfg.num_workers)), cfg.num_threads,
-                            device=cluster_cfg.device)
+        bundles = list(range(policy_workers, policy_workers + cfg.num_workers))
+        return HfGeneration(cluster, model_path, bundles, cfg.num_threads, device=cluster_cfg.device)
     from transformers import AutoConfig
 
     from posttrain.models.generation.vllm.vllm_generation import EnginePlacement, VllmGeneration
@@ -67,7 +70,7 @@ def create_generation(cfg: GenerationConfig, cluster_cfg: ClusterConfig, cluster
     if cfg.colocated:
         placements = [EnginePlacement(0, num_cpus=0.0) for _ in range(cfg.num_workers)]
     else:
-        placements = [EnginePlacement(1 + r, cluster_cfg.cpus_per_worker, cluster_cfg.gpus_per_worker)
+        placements = [EnginePlacement(policy_workers + r, cluster_cfg.cpus_per_worker, cluster_cfg.gpus_per_worker)
                       for r in range(cfg.num_workers)]
     max_model_len = cfg.max_model_len or int(AutoConfig.from_pretrained(model_path).max_position_embeddings)
     engine_cfg = {"max_model_len": max_model_len, "max_num_seqs": cfg.max_num_seqs, "device": cluster_cfg.device,

@@ -16,27 +16,11 @@ import ray
 import torch
 
 from posttrain.data.batch import TokenBatch
-from posttrain.models.policy.interfaces import LossFn, Metrics
-from posttrain.ops import compute_entropy, compute_logprobs, masked_sum
+from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 from posttrain.utils.checkpoint import atomic_dir
-from posttrain.utils.memory import peak_rss_gib
 
 
-def _reduce(acc: Metrics, new: Metrics) -> Metrics:
-    """Merge micro-batch metrics: ``*_min`` by min, ``*_max`` by max, the rest summed."""
-    for key, value in new.items():
-        if key not in acc:
-            acc[key] = value
-        elif key.endswith("_min"):
-            acc[key] = min(acc[key], value)
-        elif key.endswith("_max"):
-            acc[key] = max(acc[key], value)
-        else:
-            acc[key] += value
-    return acc
-
-
-class HfPolicyWorkerImpl:
+class HfPolicyWorkerImpl(PolicyWorkerBase):
     """Holds the trained model, a frozen reference copy, and AdamW.
 
     Args:
@@ -75,82 +59,22 @@ class HfPolicyWorkerImpl:
     def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
         return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, S, V]
 
-    @torch.no_grad()
-    def get_logprobs(self, batch: TokenBatch, reference: bool = False) -> torch.Tensor:
-        """``[B, L]`` float32 completion logprobs under the current (or reference) policy."""
-        model = self.reference if reference else self.model
-        was_training = model.training
-        model.eval()
-        chunks = []
-        for start in range(0, len(batch), self.cfg["logprob_batch_size"]):
-            mb = batch.select(slice(start, start + self.cfg["logprob_batch_size"])).to(self.device)
-            logits = self._forward_logits(model, mb)
-            chunks.append(compute_logprobs(logits, mb.input_ids, mb.prompt_lens, mb.completion_mask.shape[1],
-                                           self.cfg["temperature"]))
-        model.train(was_training)
-        return torch.cat(chunks).cpu()
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
 
-    def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
-        """Optimizer steps over ``batch`` in global batches of ``train_global_batch_size`` rows,
-        each accumulated over micro-batches of ``train_micro_batch_size`` rows.
+    def _optimizer_step(self) -> float:
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg["max_grad_norm"]).item()
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.scheduler.step()
+        return grad_norm
 
-        Args:
-            batch: the rows to train on, B of them.
-            extra: per-row tensors the loss reads (``[B]`` or ``[B, L]``), e.g. advantages.
-            loss_fn: see :class:`LossFn`.
-
-        Returns:
-            Metrics averaged over optimizer steps (``*_min``/``*_max`` reduced as such),
-            plus ``grad_norm`` (pre-clip L2 norm), ``entropy`` (nats/token, of the sampling
-            distribution at the generation temperature), ``lr``,
-            ``num_optimizer_steps``. A step whose gradient is not finite is skipped (the
-            weights stay as they were) and counted in ``skipped_optimizer_steps``.
-        """
-        gbs, mbs = self.cfg["train_global_batch_size"], self.cfg["train_micro_batch_size"]
-        lr = float(self.scheduler.get_last_lr()[0])  # the lr of this call's first optimizer step
-        steps: list[Metrics] = []
-        skipped = 0
-        batch = batch.to(self.device)
-        extra = {k: v.to(self.device) for k, v in extra.items()}
-        for g_start in range(0, len(batch), gbs):
-            rows = slice(g_start, g_start + gbs)
-            num_tokens = max(batch.completion_mask[rows].sum().item(), 1.0)
-            self.optimizer.zero_grad(set_to_none=True)
-            step_metrics: Metrics = {}
-            for m_start in range(g_start, min(g_start + gbs, len(batch)), mbs):
-                mrows = slice(m_start, min(m_start + mbs, g_start + gbs))
-                mb = batch.select(mrows)
-                logits = self._forward_logits(self.model, mb)
-                width = mb.completion_mask.shape[1]
-                logprobs = compute_logprobs(logits, mb.input_ids, mb.prompt_lens, width, self.cfg["temperature"])
-                data = {"completion_mask": mb.completion_mask, **{k: v[mrows] for k, v in extra.items()}}
-                loss, metrics = loss_fn(logprobs, data, num_tokens)
-                loss.backward()
-                with torch.no_grad():
-                    entropy = compute_entropy(logits.detach(), mb.prompt_lens, width, self.cfg["temperature"])
-                    metrics["entropy"] = (masked_sum(entropy, mb.completion_mask) / num_tokens).item()
-                _reduce(step_metrics, metrics)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg["max_grad_norm"]).item()
-            if math.isfinite(grad_norm):
-                self.optimizer.step()
-                self.scheduler.step()
-            else:
-                skipped += 1
-            step_metrics["grad_norm"] = grad_norm
-            steps.append(step_metrics)
-        self.weight_version += 1
-        out = {k: (min if k.endswith("_min") else max if k.endswith("_max") else _mean)([s[k] for s in steps])
-               for k in steps[0]}
-        out.update(lr=lr, num_optimizer_steps=float(len(steps)),
-                   skipped_optimizer_steps=float(skipped))
-        return out
+    def _next_lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Current weights, Hugging Face parameter names, detached CPU tensors."""
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-
-    def get_weight_version(self) -> int:
-        return self.weight_version
 
     def save_checkpoint(self, path: str, tokenizer_path: str | None = None) -> None:
         """Atomically write the model (Hugging Face format, loadable as a new ``model.path``),
@@ -174,14 +98,6 @@ class HfPolicyWorkerImpl:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.weight_version = state["weight_version"]
-
-    def peak_memory_gib(self) -> float:
-        """Peak resident memory of this worker process, GiB."""
-        return peak_rss_gib()
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 @ray.remote
