@@ -112,7 +112,16 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
         raise
     probe = (RefitProbe(generation.refit_probe, tokenizer, generation.temperature)
              if generation.refit_probe.num_sequences else None)
+    print(f"runtime: {describe_policy(policy)} policy, {generation.num_workers} x {backend} engine"
+          f"{' (colocated)' if generation.colocated and backend == 'vllm' else ''}, on {cluster.device}", flush=True)
     return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer), probe)
+
+
+def describe_policy(policy: PolicyConfig) -> str:
+    """``hf``, or ``megatron (tp=N, <precision>)``: what the run's start-up line names."""
+    if policy.backend == "megatron":
+        return f"megatron (tp={policy.megatron.tensor_model_parallel_size}, {policy.megatron.precision})"
+    return policy.backend
 
 
 @contextlib.contextmanager

@@ -6,12 +6,41 @@
 #   check_run <log_dir> --expect-steps N [--pack P] <rules...>
 #                                    # TensorBoard -> $WORK/metrics.json -> tests/check_metrics.py
 #   grpo_functional <name> [key.sub=value ...]   # SFT warm start -> GRPO -> the GRPO rules
+#   require_gpus N                   # exit 2 with "needs N GPU(s), found M" when fewer are present
+#   require_extra <extra> <module> "$@"   # re-run the calling script under `uv run --extra <extra>`
+#                                    # when <module> is not importable (exit 2 if that cannot help)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # Ray must not rebuild worker environments through uv (slow, needs the network).
 export RAY_ENABLE_UV_RUN_RUNTIME_ENV=0
 export PYTHONUNBUFFERED=1
+
+# GPUs visible here: $POSTTRAIN_NUM_GPUS when set (tests and CI set it), else nvidia-smi's count.
+count_gpus() {
+  if [ -n "${POSTTRAIN_NUM_GPUS:-}" ]; then echo "$POSTTRAIN_NUM_GPUS"; return; fi
+  ( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' ) || true
+}
+
+require_gpus() {
+  local need=$1 found
+  found=$(count_gpus)
+  if [ "$found" -lt "$need" ]; then
+    echo "$(basename "$0"): needs $need GPU$([ "$need" = 1 ] || echo s), found $found" >&2
+    exit 2
+  fi
+}
+
+require_extra() {
+  local extra=$1 module=$2; shift 2
+  if python -c "import $module" 2>/dev/null; then return; fi
+  if [ -z "${POSTTRAIN_REEXEC:-}" ] && command -v uv >/dev/null 2>&1; then
+    echo "== $(basename "$0"): $module is missing: re-running under \`uv run --extra $extra\`"
+    POSTTRAIN_REEXEC=1 exec uv run --extra "$extra" bash "$0" "$@"
+  fi
+  echo "$(basename "$0"): needs $module (run with \`uv run --extra $extra ...\`)" >&2
+  exit 2
+}
 
 functional_setup() {
   WORK="$REPO/tests/functional/$1"
@@ -55,8 +84,11 @@ check_run() {
 # SFT warm start to held-out greedy accuracy 0.35, measurably non-zero but far from 1, so
 # GRPO groups have reward variance to learn from (from warm starts at 0.30, GRPO gains came
 # slower; from 0.5 and up there is less headroom: see docs/testing.md), then GRPO on vLLM
-# (BACKEND=hf to run it on Hugging Face generate), then its rules. SEED seeds the model
-# init, the SFT and the GRPO run. Overrides go to run_grpo.py.
+# (BACKEND=hf to run it on Hugging Face generate, BACKEND=auto for vLLM when installed),
+# then its rules. SEED seeds the model init, the SFT and the GRPO run; WARM_START=DIR starts
+# from an existing warm start instead of training one (to compare two GRPO runs from one).
+# MIN_VAL_GAIN is the held-out accuracy gain the run must show (default 0.15). Overrides go
+# to run_grpo.py.
 grpo_functional() {
   local name=$1; shift
   functional_setup "$name"
@@ -67,12 +99,18 @@ grpo_functional() {
   expect_steps=$(config_value "$config" grpo.num_steps "${overrides[@]}")
   tenth=$(( (expect_steps + 9) / 10 ))  # steps in the first / last 10% of the run
 
-  run_job examples/run_sft.py --config examples/configs/sft_arithmetic.yaml \
-    sft.stop_at_val_accuracy=0.35 sft.seed="$seed" model.tiny.seed="$seed" generation.backend="${BACKEND:-vllm}" \
-    logger.log_dir="$WORK/sft_logs" checkpoint.save_path="$WORK/warm_start"
+  local warm_start=${WARM_START:-$WORK/warm_start}
+  if [ -n "${WARM_START:-}" ]; then
+    [ -f "$WARM_START/config.json" ] || { echo "WARM_START=$WARM_START is not a model directory" >&2; exit 2; }
+    echo "== warm start: $WARM_START (given)"
+  else
+    run_job examples/run_sft.py --config examples/configs/sft_arithmetic.yaml \
+      sft.stop_at_val_accuracy=0.35 sft.seed="$seed" model.tiny.seed="$seed" generation.backend="${BACKEND:-vllm}" \
+      logger.log_dir="$WORK/sft_logs" checkpoint.save_path="$warm_start"
+  fi
 
   run_job examples/run_grpo.py --config "$config" \
-    model.path="$WORK/warm_start" grpo.seed="$seed" logger.log_dir="$WORK/logs" "${overrides[@]}"
+    model.path="$warm_start" grpo.seed="$seed" logger.log_dir="$WORK/logs" "${overrides[@]}"
 
   # val/accuracy is logged at step 0 (before any update) and at the last step. The grpo pack
   # adds: loss, grad norm and KL finite on every step, grad norm non-zero, reward groups with
@@ -82,7 +120,7 @@ grpo_functional() {
   # (seed 2). The weight-sync probe after every refit (the run itself stops past
   # generation.refit_probe.max_logprob_error) must stay at float rounding: fp32 on both sides.
   check_run "$WORK/logs" --expect-steps "$expect_steps" --pack grpo \
-    'mean(data["val/accuracy"], -1) - data["val/accuracy"]["0"] >= 0.15' \
+    "mean(data[\"val/accuracy\"], -1) - data[\"val/accuracy\"][\"0\"] >= ${MIN_VAL_GAIN:-0.15}" \
     "mean(data[\"train/reward_mean\"], -$tenth) > mean(data[\"train/reward_mean\"], 1, $((tenth + 1)))" \
     'max(data["train/grad_norm"]) < 100' \
     'max(data["train/loss"]) < 10' \
@@ -92,4 +130,22 @@ grpo_functional() {
     'max(data["train/clip_fraction"]) < 0.3' \
     'max(data["train/refit_logprob_error"]) < 1e-4' \
     'max(data["train/refit_token_mult_prob_error"]) - 1 < 1e-4'
+}
+
+# Two GRPO runs' held-out accuracy gains (last minus step 0, from their metrics.json) must
+# agree within <max_gap>: compare_gains <metrics_a> <metrics_b> <max_gap>
+compare_gains() {
+  python - "$@" <<'PY'
+import json, sys
+a, b, gap = sys.argv[1], sys.argv[2], float(sys.argv[3])
+def gain(path):
+    acc = json.load(open(path))["val/accuracy"]
+    steps = sorted(acc, key=int)
+    return acc[steps[-1]] - acc[steps[0]]
+ga, gb = gain(a), gain(b)
+ok = abs(ga - gb) <= gap
+print(f"{'PASS' if ok else 'FAIL'}: held-out accuracy gain {ga:.3f} ({a}) vs {gb:.3f} ({b}): "
+      f"|difference| {abs(ga - gb):.3f} {'<=' if ok else '>'} {gap}")
+sys.exit(0 if ok else 1)
+PY
 }

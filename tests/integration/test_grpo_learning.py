@@ -2,7 +2,7 @@
 
 These tests drive the real pieces a GRPO step is made of: rollout grouping and scoring
 (``posttrain.algorithms.grpo``), group advantages, the clipped policy-gradient loss, and the
-policy worker's train step (``HfPolicyWorkerImpl`` constructed directly: Ray adds nothing
+policy worker's train step (``PolicyWorkerBase`` constructed directly: Ray adds nothing
 here). Each checks a behaviour whose absence trains silently: the job runs, the loss prints,
 nothing is learned. ``tests/mutation/`` breaks the library on purpose to prove they catch it.
 """
@@ -14,16 +14,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from harness.policy_backends import BACKENDS, make_worker
 
 from posttrain.algorithms import grpo
 from posttrain.algorithms.advantages import compute_group_advantages
 from posttrain.algorithms.loss_functions import ClippedPGLoss, kl_k3
-from posttrain.config import PolicyConfig
 from posttrain.data.batch import make_batch
 from posttrain.data.chat import ChatEncoder
 from posttrain.data.types import MathProblem
 from posttrain.models.generation.interfaces import GenerationOutput
-from posttrain.models.policy.hf_policy_worker import HfPolicyWorkerImpl
+from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 
 QUESTION = "12+34="
 COMPLETIONS = ["46", "47", "64", "4"]  # the first is right
@@ -41,10 +41,9 @@ def chat(tokenizer):
     return ChatEncoder(tokenizer)
 
 
-def make_policy(model_path: str, **policy) -> HfPolicyWorkerImpl:
-    """A fresh policy worker (same seed, same start) with ``policy`` config overrides."""
-    cfg = {**PolicyConfig(**policy).model_dump(), "temperature": 1.0}
-    return HfPolicyWorkerImpl(model_path, cfg, seed=0)
+def make_policy(backend: str, model_path: str, **policy) -> PolicyWorkerBase:
+    """A fresh policy worker of ``backend`` (same seed, same start) with ``policy`` config overrides."""
+    return make_worker(backend, model_path, **policy)
 
 
 def group_batch(chat: ChatEncoder, completions: list[str] = COMPLETIONS, question: str = QUESTION):
@@ -52,12 +51,12 @@ def group_batch(chat: ChatEncoder, completions: list[str] = COMPLETIONS, questio
     return make_batch([p for p, _ in pairs], [c for _, c in pairs], chat.tokenizer.pad_token_id)
 
 
-def sequence_logprobs(policy: HfPolicyWorkerImpl, batch, reference: bool = False) -> torch.Tensor:
+def sequence_logprobs(policy: PolicyWorkerBase, batch, reference: bool = False) -> torch.Tensor:
     """``[B]`` log-probability of each whole completion."""
     return (policy.get_logprobs(batch, reference=reference) * batch.completion_mask).sum(-1)
 
 
-def grpo_step(policy: HfPolicyWorkerImpl, batch, advantages: torch.Tensor, loss_fn: ClippedPGLoss,
+def grpo_step(policy: PolicyWorkerBase, batch, advantages: torch.Tensor, loss_fn: ClippedPGLoss,
               old_logprobs: torch.Tensor | None = None) -> dict[str, float]:
     """One GRPO train call as the loop makes it: old and reference logprobs first, then train."""
     extra = {"advantages": advantages,
@@ -66,8 +65,9 @@ def grpo_step(policy: HfPolicyWorkerImpl, batch, advantages: torch.Tensor, loss_
     return policy.train(batch, extra, loss_fn)
 
 
-def test_high_reward_completion_gains_probability(tiny_model_path, chat) -> None:
-    policy = make_policy(tiny_model_path, lr=1e-3)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_high_reward_completion_gains_probability(backend, tiny_model_path, chat) -> None:
+    policy = make_policy(backend, tiny_model_path, lr=1e-3)
     batch = group_batch(chat)
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
     before = sequence_logprobs(policy, batch)
@@ -81,8 +81,9 @@ def test_high_reward_completion_gains_probability(tiny_model_path, chat) -> None
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_advantage_sign_sets_the_direction(tiny_model_path, chat, sign: float) -> None:
-    policy = make_policy(tiny_model_path, lr=1e-3)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_advantage_sign_sets_the_direction(backend, tiny_model_path, chat, sign: float) -> None:
+    policy = make_policy(backend, tiny_model_path, lr=1e-3)
     batch = group_batch(chat, ["46"])
     before = sequence_logprobs(policy, batch)
     grpo_step(policy, batch, torch.tensor([sign]), ClippedPGLoss())
@@ -90,10 +91,11 @@ def test_advantage_sign_sets_the_direction(tiny_model_path, chat, sign: float) -
     assert change * sign > 0.01, change
 
 
-def test_first_update_reads_the_loss_and_ratio_at_one(tiny_model_path, chat) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_first_update_reads_the_loss_and_ratio_at_one(backend, tiny_model_path, chat) -> None:
     """At the start of a step the trainer scores the very tokens ``get_logprobs`` scored (ratio
     exactly 1) and the loss is ``-sum(A * mask) / num_tokens`` over completion tokens only."""
-    policy = make_policy(tiny_model_path, lr=1e-3, train_micro_batch_size=2, train_global_batch_size=4)
+    policy = make_policy(backend, tiny_model_path, lr=1e-3, train_micro_batch_size=2, train_global_batch_size=4)
     batch = group_batch(chat, ["46", "4", "123", "7"])  # completions of 3, 2, 4 and 2 tokens: padding
     assert batch.completion_mask.sum() < batch.completion_mask.numel()
     advantages = torch.tensor([1.5, -0.5, 0.25, -1.25])
@@ -106,9 +108,10 @@ def test_first_update_reads_the_loss_and_ratio_at_one(tiny_model_path, chat) -> 
     assert metrics["kl"] == pytest.approx(0.0, abs=1e-6)
 
 
-def test_loss_and_gradients_stay_finite(tiny_model_path, chat) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_loss_and_gradients_stay_finite(backend, tiny_model_path, chat) -> None:
     """Extreme advantages, and garbage under the mask (padded engine logprobs can be anything)."""
-    policy = make_policy(tiny_model_path, lr=1e-2)
+    policy = make_policy(backend, tiny_model_path, lr=1e-2)
     batch = group_batch(chat, ["46", "4", "99999", "1"])
     advantages = torch.tensor([1e4, -1e4, 3.0, -3.0])  # extreme, as a near-zero-std group gives
     padding = batch.completion_mask == 0
@@ -125,11 +128,12 @@ def test_loss_and_gradients_stay_finite(tiny_model_path, chat) -> None:
     assert all(torch.isfinite(p).all() for p in policy.model.parameters())
 
 
-def test_learning_rate_sets_the_update_size(tiny_model_path, chat) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_learning_rate_sets_the_update_size(backend, tiny_model_path, chat) -> None:
     """Adam's first step moves each parameter by at most lr (|m / sqrt(v)| = 1), the largest by ~lr."""
     batch = group_batch(chat)
     for lr in (2e-5, 5e-3):
-        policy = make_policy(tiny_model_path, lr=lr, max_grad_norm=1e9)
+        policy = make_policy(backend, tiny_model_path, lr=lr, max_grad_norm=1e9)
         start = [p.detach().clone() for p in policy.model.parameters()]
         grpo_step(policy, batch, torch.tensor([1.5, -0.5, -0.5, -0.5]), ClippedPGLoss())
         moved = max((p.detach() - s).abs().max().item() for p, s in zip(policy.model.parameters(), start,
@@ -137,8 +141,9 @@ def test_learning_rate_sets_the_update_size(tiny_model_path, chat) -> None:
         assert 0.5 * lr < moved <= 1.01 * lr, (lr, moved)
 
 
-def test_reference_policy_stays_frozen(tiny_model_path, chat) -> None:
-    policy = make_policy(tiny_model_path, lr=1e-3)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reference_policy_stays_frozen(backend, tiny_model_path, chat) -> None:
+    policy = make_policy(backend, tiny_model_path, lr=1e-3)
     batch = group_batch(chat)
     initial = policy.get_logprobs(batch)
     for _ in range(2):
@@ -147,18 +152,19 @@ def test_reference_policy_stays_frozen(tiny_model_path, chat) -> None:
     assert (policy.get_logprobs(batch) - initial).abs().max() > 1e-3
 
 
-def policy_kl(policy: HfPolicyWorkerImpl, batch) -> float:
+def policy_kl(policy: PolicyWorkerBase, batch) -> float:
     """Token-mean k3 KL of the current policy from the reference on ``batch``'s completions."""
     kl = kl_k3(policy.get_logprobs(batch), policy.get_logprobs(batch, reference=True))
     return ((kl * batch.completion_mask).sum() / batch.completion_mask.sum()).item()
 
 
-def test_larger_kl_coefficient_stays_closer_to_the_reference(tiny_model_path, chat) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_larger_kl_coefficient_stays_closer_to_the_reference(backend, tiny_model_path, chat) -> None:
     batch = group_batch(chat)
     advantages = torch.tensor([1.5, -0.5, -0.5, -0.5])
     kls = {}
     for kl_coef in (0.0, 2.0):
-        policy = make_policy(tiny_model_path, lr=3e-3)
+        policy = make_policy(backend, tiny_model_path, lr=3e-3)
         for _ in range(8):
             grpo_step(policy, batch, advantages, ClippedPGLoss(kl_coef=kl_coef))
         kls[kl_coef] = policy_kl(policy, batch)
@@ -166,12 +172,13 @@ def test_larger_kl_coefficient_stays_closer_to_the_reference(tiny_model_path, ch
     assert kls[2.0] < 0.7 * kls[0.0], kls
 
 
-def test_tokens_outside_the_clip_range_get_no_update(tiny_model_path, chat) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tokens_outside_the_clip_range_get_no_update(backend, tiny_model_path, chat) -> None:
     """Positive advantage and ratio already above 1 + eps: the clipped objective is flat there."""
     batch = group_batch(chat, ["46"])
     ratios = {}
     for clip_eps in (0.2, 1e6):
-        policy = make_policy(tiny_model_path, lr=1e-3)
+        policy = make_policy(backend, tiny_model_path, lr=1e-3)
         start = [p.detach().clone() for p in policy.model.parameters()]
         old = policy.get_logprobs(batch) - 0.5  # ratio exp(0.5) = 1.65 > 1.2 on every token
         metrics = grpo_step(policy, batch, torch.tensor([1.0]), ClippedPGLoss(clip_eps=clip_eps), old_logprobs=old)
@@ -186,13 +193,14 @@ def test_tokens_outside_the_clip_range_get_no_update(tiny_model_path, chat) -> N
             assert moved > 1e-4
 
 
-def test_clipping_limits_the_update_over_several_steps(tiny_model_path, chat) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_clipping_limits_the_update_over_several_steps(backend, tiny_model_path, chat) -> None:
     """Several optimizer steps against one fixed ``old_logprobs`` (PPO epochs): with the clip
     the rewarded completion's probability ratio stops growing much past 1 + eps."""
     batch = group_batch(chat, ["46"])
     final = {}
     for clip_eps in (0.2, 1e6):
-        policy = make_policy(tiny_model_path, lr=3e-3)
+        policy = make_policy(backend, tiny_model_path, lr=3e-3)
         old = policy.get_logprobs(batch)
         for _ in range(8):
             grpo_step(policy, batch, torch.tensor([1.0]), ClippedPGLoss(clip_eps=clip_eps), old_logprobs=old)
@@ -273,13 +281,14 @@ def test_a_wrong_group_size_is_detected(tokenizer, chat) -> None:
     assert wrong.mean(1).abs().max() > 0.1
 
 
-def test_dr_grpo_advantages_are_mean_centred_and_learn(tiny_model_path, chat) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dr_grpo_advantages_are_mean_centred_and_learn(backend, tiny_model_path, chat) -> None:
     rewards = torch.tensor([1.0, 1.0, 1.0, 0.0])
     dr = compute_group_advantages(rewards, 4, "dr_grpo")
     torch.testing.assert_close(dr, torch.tensor([0.25, 0.25, 0.25, -0.75]))
     std = compute_group_advantages(rewards, 4, "grpo")
     torch.testing.assert_close(std, dr / rewards.std(), atol=1e-5, rtol=1e-5)  # only the std division differs
-    policy = make_policy(tiny_model_path, lr=1e-3)
+    policy = make_policy(backend, tiny_model_path, lr=1e-3)
     batch = group_batch(chat, ["46", "46", "46", "4"])
     before = sequence_logprobs(policy, batch)
     grpo_step(policy, batch, dr, ClippedPGLoss())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from harness.policy_backends import BACKENDS, make_worker
 
 from posttrain.algorithms.loss_functions import NLLLoss
 from posttrain.algorithms.sft import sft_batch
@@ -49,10 +50,13 @@ def independent_nll(model: torch.nn.Module, tokenizer, problems: list[MathProble
     return total / count
 
 
-def test_sft_loss_is_the_nll_of_exactly_the_solution_tokens(tiny_model_path, tokenizer) -> None:
-    policy = worker(tiny_model_path, lr=1e-3, train_global_batch_size=4, train_micro_batch_size=2)
-    expected = independent_nll(policy.model.eval(), tokenizer, PROBLEMS)
-    policy.model.train()
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sft_loss_is_the_nll_of_exactly_the_solution_tokens(backend, tiny_model_path, tokenizer) -> None:
+    from transformers import AutoModelForCausalLM
+
+    policy = make_worker(backend, tiny_model_path, lr=1e-3, train_global_batch_size=4, train_micro_batch_size=2)
+    start = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()  # the policy's start
+    expected = independent_nll(start, tokenizer, PROBLEMS)
     batch = sft_batch(ChatEncoder(tokenizer), PROBLEMS)
     metrics = policy.train(batch, {}, NLLLoss())  # the loss is measured before the update
     assert metrics["loss"] == pytest.approx(expected, rel=1e-5)

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from harness.policy_backends import BACKENDS, make_worker
 from replay import ReplayTrainer, TrainerSpec, assert_metrics_match, padded, token_logprobs
 
 from posttrain.algorithms.loss_functions import ClippedPGLoss, NLLLoss
 from posttrain.config import PolicyConfig
 from posttrain.data.batch import make_batch
 from posttrain.data.chat import ChatEncoder
-from posttrain.models.policy.hf_policy_worker import HfPolicyWorkerImpl
 
 ANSWERS = ["4", "12", "123", "1234", "12345", "6", "98", "0"]  # + EOS: 2 to 6 completion tokens
 
@@ -38,19 +38,22 @@ def batch(chat):
     return out
 
 
-def worker_and_replay(model_path: str, temperature: float, **policy):
+def worker_and_replay(backend: str, model_path: str, temperature: float, **policy):
+    from transformers import AutoModelForCausalLM
+
     cfg = PolicyConfig(**policy)
-    worker = HfPolicyWorkerImpl(model_path, {**cfg.model_dump(), "temperature": temperature})
+    worker = make_worker(backend, model_path, temperature, **policy)
     spec = TrainerSpec(cfg.lr, cfg.weight_decay, (cfg.betas[0], cfg.betas[1]), cfg.warmup_steps, cfg.max_grad_norm,
                        cfg.train_global_batch_size, temperature, 0.2, 0.3)
-    model = type(worker.model).from_pretrained(model_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     return worker, ReplayTrainer(model, spec)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("shift", [0.1, -0.1, 0.4], ids=["ratios-above-1", "ratios-below-1", "clipped"])
-def test_grpo_step_metrics_read_real_tokens_only(tiny_model_path, batch, shift: float) -> None:
+def test_grpo_step_metrics_read_real_tokens_only(backend, tiny_model_path, batch, shift: float) -> None:
     # one optimizer step of four micro-batches: every ratio is read at the weights extra was made for
-    worker, replay = worker_and_replay(tiny_model_path, 0.7, lr=1e-3, train_global_batch_size=8,
+    worker, replay = worker_and_replay(backend, tiny_model_path, 0.7, lr=1e-3, train_global_batch_size=8,
                                        train_micro_batch_size=2, max_grad_norm=0.5)
     mask = batch.completion_mask.bool()
     with torch.no_grad():
@@ -75,8 +78,9 @@ def test_grpo_step_metrics_read_real_tokens_only(tiny_model_path, batch, shift: 
         assert logged["clip_fraction"] > 0.2
 
 
-def test_sft_step_metrics_read_completion_tokens_only(tiny_model_path, batch) -> None:
-    worker, replay = worker_and_replay(tiny_model_path, 1.0, lr=1e-3, train_global_batch_size=8,
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sft_step_metrics_read_completion_tokens_only(backend, tiny_model_path, batch) -> None:
+    worker, replay = worker_and_replay(backend, tiny_model_path, 1.0, lr=1e-3, train_global_batch_size=8,
                                        train_micro_batch_size=2, warmup_steps=4)
     replay.spec = TrainerSpec(**{**replay.spec.__dict__, "clip_eps": None, "kl_coef": None})
     for call in range(2):

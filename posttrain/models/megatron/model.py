@@ -19,6 +19,9 @@ Precision = Literal["fp32", "bf16-mixed"]
 def init_parallel_state(init_method: str, rank: int, world_size: int, tensor_parallel: int, seed: int) -> None:
     """Join the worker group's ``torch.distributed`` group and set megatron-core's parallel state.
 
+    In a process that already has both (several single-rank workers in one test process),
+    the existing ones are reused when their tensor-parallel size is the same.
+
     Args:
         init_method: ``tcp://host:port`` of rank 0 (every rank passes the same).
         rank, world_size: this worker's rank and the group size (= ``tensor_parallel``:
@@ -31,6 +34,13 @@ def init_parallel_state(init_method: str, rank: int, world_size: int, tensor_par
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+    if dist.is_initialized() and parallel_state.model_parallel_is_initialized():
+        current = parallel_state.get_tensor_model_parallel_world_size()
+        if current != tensor_parallel or dist.get_world_size() != world_size:
+            raise RuntimeError(f"this process already has a tensor-parallel group of {current}, "
+                               f"asked for {tensor_parallel}")
+        model_parallel_cuda_manual_seed(seed)
+        return
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(0)  # a Ray GPU actor sees only its own GPU, as device 0
@@ -38,16 +48,6 @@ def init_parallel_state(init_method: str, rank: int, world_size: int, tensor_par
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel,
                                              pipeline_model_parallel_size=1)
     model_parallel_cuda_manual_seed(seed)
-
-
-def destroy_parallel_state() -> None:
-    """Undo :func:`init_parallel_state` (tests build several policies in one process)."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    parallel_state.destroy_model_parallel()
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def transformer_config(shape: GPTShape, precision: Precision, tensor_parallel: int) -> Any:

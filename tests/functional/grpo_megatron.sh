@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# GRPO with a Megatron (megatron-core) policy on one GPU: build the policy, its optimizer,
+# the rollout / reference / logprob wiring, a short job, and proof that it learned (the GRPO
+# rules of grpo.sh; held-out accuracy must gain MIN_VAL_GAIN, default 0.10). The policy and
+# the generation engine share the GPU (half each); the engine is vLLM when installed, else
+# Hugging Face generate on the GPU (the output says which ran). fp32, so the weight-sync
+# probe stays at float rounding and the run compares with the HF policy's.
+#   uv run bash tests/functional/grpo_megatron.sh [key.sub=value ...]   (brings in the mcore extra)
+#   COMPARE_HF=1 ...: then the HF policy from the same warm start, seed and steps; the two
+#                     held-out accuracy gains must agree within MAX_GAIN_GAP (default 0.05)
+# Without a GPU: "needs 1 GPU, found 0", exit 2.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+require_gpus 1
+require_extra mcore megatron.core "$@"
+export BACKEND=${BACKEND:-auto}
+echo "== generation engine: $(python -c "from posttrain.models.generation.factory import resolve_backend as r; print(r('$BACKEND'))")"
+MIN_VAL_GAIN=${MIN_VAL_GAIN:-0.10} grpo_functional grpo_megatron policy.backend=megatron \
+  policy.megatron.precision=fp32 cluster.gpus_per_worker=0.5 generation.colocated=true "$@"
+
+if [ "${COMPARE_HF:-0}" = 1 ]; then
+  megatron_metrics=$WORK/metrics.json
+  WARM_START=$WORK/warm_start MIN_VAL_GAIN=${MIN_VAL_GAIN:-0.10} grpo_functional grpo_megatron_hf \
+    policy.backend=hf cluster.gpus_per_worker=0.5 generation.colocated=true "$@"
+  compare_gains "$megatron_metrics" "$WORK/metrics.json" "${MAX_GAIN_GAP:-0.05}"
+fi

@@ -1,0 +1,52 @@
+"""The policy workers a backend-agnostic test runs against: ``hf`` everywhere, ``megatron``
+on a GPU with the ``mcore`` extra (``--mcore-only``), in fp32 so that both must agree with
+the same independent computations.
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_x(backend, tiny_model_path):
+        policy = make_worker(backend, tiny_model_path, lr=1e-3)
+
+Megatron workers built here share this process's ``torch.distributed`` group (tensor
+parallel size 1); the first one starts it.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+
+from posttrain.config import PolicyConfig
+
+BACKENDS = [
+    pytest.param("hf", id="hf"),
+    pytest.param("megatron", id="megatron", marks=[pytest.mark.mcore, pytest.mark.gpu(1)]),
+]
+
+
+def free_tcp_address() -> str:
+    """``tcp://127.0.0.1:<port>`` with a port free now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def worker_cfg(backend: str, temperature: float = 1.0, precision: str = "fp32", tensor_parallel: int = 1,
+               **policy: Any) -> dict[str, Any]:
+    """The dict a policy worker is constructed with: a validated ``PolicyConfig`` + runtime keys."""
+    megatron = {"precision": precision, "tensor_model_parallel_size": tensor_parallel}
+    cfg = PolicyConfig.model_validate({**policy, "backend": backend, "megatron": megatron}).model_dump()
+    return {**cfg, "temperature": temperature, "device": "cuda" if backend == "megatron" else "cpu"}
+
+
+def make_worker(backend: str, model_path: str, temperature: float = 1.0, seed: int = 0, **policy: Any) -> Any:
+    """A fresh in-process policy worker of ``backend`` (the ``*Impl`` class, no Ray)."""
+    cfg = worker_cfg(backend, temperature, **policy)
+    if backend == "hf":
+        from posttrain.models.policy.hf_policy_worker import HfPolicyWorkerImpl
+
+        return HfPolicyWorkerImpl(model_path, cfg, seed=seed)
+    from posttrain.models.policy.megatron_policy_worker import MegatronPolicyWorkerImpl
+
+    return MegatronPolicyWorkerImpl(model_path, cfg, seed=seed, init_method=free_tcp_address())

@@ -1,0 +1,266 @@
+"""The Megatron policy worker against the Hugging Face one and against itself (GPU, extra ``mcore``).
+
+    uv run --extra mcore --group test bash tests/run_unit.sh --mcore-only
+
+Each test compares posttrain's Megatron code with an independent reference: the Hugging
+Face model's own forward pass, the HF policy worker's train step (the two backends share
+only the loss objects and the loop in ``PolicyWorkerBase``: the model, the optimizer, the
+gradient clipping and the weight conversion are different code), or the worker's own
+state before a save. All in fp32 unless the test is about bf16. The backend-agnostic
+learning tests of ``tests/integration`` run over this backend too (``policy_backends.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from harness.policy_backends import make_worker, worker_cfg
+
+from posttrain.algorithms.loss_functions import ClippedPGLoss, NLLLoss
+from posttrain.data.batch import make_batch
+
+pytestmark = pytest.mark.mcore
+GPU = pytest.mark.gpu(1)
+LR = 1e-3
+
+
+def random_batch(vocab: int, seed: int = 0, rows: int = 8):
+    """Right-padded rows with prompts of 2..9 and completions of 1..5 tokens (ids 2..vocab-1)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 10, (rows,), generator=g)
+    prompts = [torch.randint(2, vocab, (int(n),), generator=g).tolist() for n in lengths]
+    lengths = torch.randint(1, 6, (rows,), generator=g)
+    comps = [torch.randint(2, vocab, (int(n),), generator=g).tolist() for n in lengths]
+    return make_batch(prompts, comps, pad_id=0)
+
+
+def hf_model(path: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def noisy_tiny(tiny_model_path, tmp_path_factory) -> str:
+    """The tiny model with every weight perturbed (its q/k/v biases start at zero, its norms
+    at one: a converter that dropped or swapped them would go unseen on the original)."""
+    return perturbed_copy(tiny_model_path, tmp_path_factory.mktemp("noisy_tiny"))
+
+
+@pytest.fixture(scope="module")
+def model_25m(tiny_model_path, tmp_path_factory) -> str:
+    """A ~26M-parameter Qwen2 (hidden 512, 8 layers, 8 query / 2 key-value heads, vocab 4096)."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=4096, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=True, rope_theta=1e6)
+    out = tmp_path_factory.mktemp("qwen2_25m")
+    Qwen2ForCausalLM(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(out)
+    return perturbed_copy(str(out), out)
+
+
+def perturbed_copy(path: str, out) -> str:
+    from transformers import AutoTokenizer
+
+    model = hf_model(path)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=g))
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(path).save_pretrained(out)
+    return str(out)
+
+
+def grpo_extra(worker, batch, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    old = worker.get_logprobs(batch)
+    return {"advantages": torch.randn(len(batch), generator=g), "old_logprobs": old - 0.05,
+            "ref_logprobs": old + 0.1}
+
+
+def max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())[:5]
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+@GPU
+def test_weights_round_trip_hf_to_megatron_to_hf_bit_exact(noisy_tiny) -> None:
+    """Converted into a GPTModel's parameters and read back out: every tensor identical, every
+    name and shape what ``Qwen2ForCausalLM.state_dict()`` has."""
+    worker = make_worker("megatron", noisy_tiny)
+    expected = hf_model(noisy_tiny).state_dict()
+    got = worker.get_weights()
+    assert got.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
+
+
+@GPU
+@pytest.mark.parametrize("which", ["tiny", "25m"])
+def test_logits_equal_the_hf_models(which, noisy_tiny, model_25m) -> None:
+    path = noisy_tiny if which == "tiny" else model_25m
+    worker = make_worker("megatron", path)
+    reference = hf_model(path).cuda().eval()
+    batch = random_batch(reference.config.vocab_size).to("cuda")
+    with torch.no_grad():
+        expected = reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        worker.model.eval()
+        got = worker._forward_logits(worker.model, batch)
+    real = batch.attention_mask.bool()  # padding positions are never read
+    assert got.shape == expected.shape
+    err = (got - expected)[real].abs().max().item()
+    assert err <= 1e-4, err
+
+
+@GPU
+def test_logprobs_with_mixed_prompt_lengths_equal_the_hf_workers(noisy_tiny) -> None:
+    batch = random_batch(hf_model(noisy_tiny).config.vocab_size, rows=12)
+    assert len(set(batch.prompt_lens.tolist())) > 3
+    hf, mc = make_worker("hf", noisy_tiny, temperature=0.7), make_worker("megatron", noisy_tiny, temperature=0.7)
+    mask = batch.completion_mask.bool()
+    for reference in (False, True):
+        gap = (hf.get_logprobs(batch, reference)[mask] - mc.get_logprobs(batch, reference)[mask]).abs().max()
+        assert gap <= 1e-5, (reference, gap)
+
+
+@GPU
+@pytest.mark.parametrize("loss", ["grpo", "sft"])
+def test_train_steps_equal_the_hf_workers(noisy_tiny, loss) -> None:
+    """Two calls of two optimizer steps of two micro-batches each, grad clipping active, lr
+    warmup: every metric within 1e-4 (relative) of the HF worker's, and weights within a
+    tenth of one step's size."""
+    kw = dict(lr=LR, train_global_batch_size=4, train_micro_batch_size=2, max_grad_norm=0.5, warmup_steps=3)
+    hf, mc = make_worker("hf", noisy_tiny, **kw), make_worker("megatron", noisy_tiny, **kw)
+    batch = random_batch(hf.model.config.vocab_size)
+    loss_fn = ClippedPGLoss(clip_eps=0.2, kl_coef=0.3) if loss == "grpo" else NLLLoss()
+    for call in range(2):
+        extra = grpo_extra(hf, batch, seed=call) if loss == "grpo" else {}
+        logged_hf, logged_mc = hf.train(batch, extra, loss_fn), mc.train(batch, extra, loss_fn)
+        assert logged_hf.keys() == logged_mc.keys()
+        for key, value in logged_hf.items():
+            assert logged_mc[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (call, key)
+        assert logged_hf["grad_norm"] > 0.5  # clipping was active
+    assert max_gap(hf.get_weights(), mc.get_weights()) <= 0.1 * LR
+
+
+@GPU
+def test_gradient_accumulation_equals_one_micro_batch(noisy_tiny) -> None:
+    batch = random_batch(hf_model(noisy_tiny).config.vocab_size)
+    runs = {}
+    for micro in (8, 2):
+        worker = make_worker("megatron", noisy_tiny, lr=LR, train_global_batch_size=8, train_micro_batch_size=micro)
+        runs[micro] = (worker.train(batch, grpo_extra(worker, batch), ClippedPGLoss(kl_coef=0.1)), worker.get_weights())
+    for key, value in runs[8][0].items():
+        if not key.endswith(("_min", "_max")):  # extremes are per micro-batch
+            assert runs[2][0][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    assert max_gap(runs[8][1], runs[2][1]) <= 0.1 * LR
+
+
+@GPU
+def test_a_non_finite_gradient_skips_the_step_and_training_goes_on(noisy_tiny) -> None:
+    worker = make_worker("megatron", noisy_tiny, lr=LR)
+    batch = random_batch(hf_model(noisy_tiny).config.vocab_size)
+    before = worker.get_weights()
+    extra = grpo_extra(worker, batch)
+    bad = {**extra, "advantages": torch.full_like(extra["advantages"], math.nan)}
+    metrics = worker.train(batch, bad, ClippedPGLoss())
+    assert metrics["skipped_optimizer_steps"] == 1 and not math.isfinite(metrics["grad_norm"])
+    assert max_gap(before, worker.get_weights()) == 0.0
+    metrics = worker.train(batch, extra, ClippedPGLoss())
+    assert metrics["skipped_optimizer_steps"] == 0 and math.isfinite(metrics["grad_norm"])
+    assert max_gap(before, worker.get_weights()) > 0.5 * LR
+
+
+@GPU
+def test_refit_into_the_hf_engine_makes_it_score_like_the_trainer(noisy_tiny) -> None:
+    """After a train step the engine, loaded with ``get_weights``, scores completions as the
+    Megatron trainer does (the weight-sync probe's comparison), and differently from before."""
+    from posttrain.models.generation.hf_generation_worker import HfGenerationWorkerImpl
+
+    worker = make_worker("megatron", noisy_tiny, lr=1e-2)
+    batch = random_batch(hf_model(noisy_tiny).config.vocab_size)
+    worker.train(batch, grpo_extra(worker, batch), ClippedPGLoss())
+    engine = HfGenerationWorkerImpl(noisy_tiny, device="cuda")
+    prompts = [row[:p].tolist() for row, p in zip(batch.input_ids, batch.prompt_lens, strict=True)]
+    comps = [row[p:p + n].tolist() for row, p, n in zip(batch.input_ids, batch.prompt_lens, batch.completion_lens,
+                                                         strict=True)]
+    trainer = [row[:n].tolist() for row, n in zip(worker.get_logprobs(batch), batch.completion_lens, strict=True)]
+
+    def gap(scored):
+        return max(abs(a - b) for s, t in zip(scored, trainer, strict=True) for a, b in zip(s, t, strict=True))
+
+    assert gap(engine.score(prompts, comps, 1.0)) > 1e-3  # the step moved the policy
+    engine.update_weights(worker.get_weights(), worker.get_weight_version())
+    assert gap(engine.score(prompts, comps, 1.0)) <= 1e-5
+    assert engine.weight_version() == 1
+
+
+@GPU
+def test_checkpoint_save_and_load_continue_exactly(noisy_tiny, tmp_path) -> None:
+    kw = dict(lr=LR, warmup_steps=4, train_global_batch_size=4, train_micro_batch_size=4)
+    worker = make_worker("megatron", noisy_tiny, **kw)
+    batch = random_batch(hf_model(noisy_tiny).config.vocab_size)
+    extra = grpo_extra(worker, batch)
+    worker.train(batch, extra, ClippedPGLoss())
+    worker.save_checkpoint(str(tmp_path / "ckpt"), tokenizer_path=noisy_tiny)
+    saved = worker.get_weights()
+    # The HF export is a loadable model of the same weights.
+    assert max_gap(hf_model(str(tmp_path / "ckpt")).state_dict(), saved) == 0.0
+    resumed = make_worker("megatron", noisy_tiny, **kw)
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    assert max_gap(resumed.get_weights(), saved) == 0.0 and resumed.get_weight_version() == 1
+    # Adam's moments and the warmup position came back too: the next step is the same step.
+    assert resumed.train(batch, extra, ClippedPGLoss()) == worker.train(batch, extra, ClippedPGLoss())
+    assert max_gap(resumed.get_weights(), worker.get_weights()) == 0.0
+
+
+@GPU
+def test_bf16_mixed_keeps_fp32_master_weights_and_learns(noisy_tiny) -> None:
+    worker = make_worker("megatron", noisy_tiny, lr=LR, precision="bf16-mixed")
+    assert {p.dtype for p in worker.model.parameters()} == {torch.bfloat16}
+    masters = [p for group in worker.optimizer.param_groups for p in group["params"]]
+    assert masters and {p.dtype for p in masters} == {torch.float32}
+    assert {t.dtype for t in worker.get_weights().values()} == {torch.bfloat16}
+    batch = random_batch(hf_model(noisy_tiny).config.vocab_size)
+    advantages = torch.tensor([1.0, -1.0] * 4)
+    before = (worker.get_logprobs(batch) * batch.completion_mask).sum(-1)
+    for _ in range(3):
+        old = worker.get_logprobs(batch)
+        worker.train(batch, {"advantages": advantages, "old_logprobs": old, "ref_logprobs": old}, ClippedPGLoss())
+    change = (worker.get_logprobs(batch) * batch.completion_mask).sum(-1) - before
+    assert (change[advantages > 0] > 0).all() and (change[advantages < 0] < 0).all(), change
+
+
+@pytest.mark.gpu(2)
+def test_tensor_parallel_2_matches_the_hf_worker(ray_cluster, noisy_tiny) -> None:
+    """Two Ray workers, one GPU each, one model split over them: the logprobs, a train step's
+    metrics (grad norm included: each rank's shard counted once) and the gathered weights
+    match the HF worker's."""
+    from posttrain.distributed.ray_cluster import RayVirtualCluster
+    from posttrain.models.policy.lm_policy import Policy
+
+    kw = dict(lr=LR, train_global_batch_size=4, train_micro_batch_size=2, max_grad_norm=0.5)
+    hf = make_worker("hf", noisy_tiny, **kw)
+    cluster = RayVirtualCluster(2, num_cpus=1, num_gpus=1)
+    policy = Policy(cluster, noisy_tiny, worker_cfg("megatron", tensor_parallel=2, **kw), seed=0,
+                    bundle_indices=[0, 1])
+    try:
+        policy.wait_ready()
+        batch = random_batch(hf.model.config.vocab_size)
+        mask = batch.completion_mask.bool()
+        assert (policy.get_logprobs(batch)[mask] - hf.get_logprobs(batch)[mask]).abs().max() <= 1e-5
+        extra = grpo_extra(hf, batch)
+        logged_hf, logged_tp = hf.train(batch, extra, ClippedPGLoss()), policy.train(batch, extra, ClippedPGLoss())
+        for key, value in logged_hf.items():
+            assert logged_tp[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+        assert max_gap(hf.get_weights(), policy.get_weights()) <= 0.1 * LR
+    finally:
+        policy.shutdown()
+        cluster.shutdown()
+
