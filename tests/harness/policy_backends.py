@@ -33,15 +33,17 @@ def free_tcp_address() -> str:
 
 
 def worker_cfg(backend: str, temperature: float = 1.0, precision: str = "fp32", tensor_parallel: int = 1,
-               **policy: Any) -> dict[str, Any]:
-    """The dict a policy worker is constructed with: a validated ``PolicyConfig`` + runtime keys."""
+               device: str | None = None, **policy: Any) -> dict[str, Any]:
+    """The dict a policy worker is constructed with: a validated ``PolicyConfig`` + runtime keys
+    (``device``: default "cuda" for megatron, "cpu" for hf)."""
     megatron = {"precision": precision, "tensor_model_parallel_size": tensor_parallel}
     cfg = PolicyConfig.model_validate({**policy, "backend": backend, "megatron": megatron}).model_dump()
-    return {**cfg, "temperature": temperature, "device": "cuda" if backend == "megatron" else "cpu"}
+    return {**cfg, "temperature": temperature, "device": device or ("cuda" if backend == "megatron" else "cpu")}
 
 
 def make_worker(backend: str, model_path: str, temperature: float = 1.0, seed: int = 0, **policy: Any) -> Any:
-    """A fresh in-process policy worker of ``backend`` (the ``*Impl`` class, no Ray)."""
+    """A fresh in-process policy worker of ``backend`` (the ``*Impl`` class, no Ray); keyword
+    arguments are ``worker_cfg``'s (precision, tensor_parallel, device) or ``PolicyConfig`` keys."""
     cfg = worker_cfg(backend, temperature, **policy)
     if backend == "hf":
         from posttrain.models.policy.hf_policy_worker import HfPolicyWorkerImpl

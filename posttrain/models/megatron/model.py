@@ -109,6 +109,10 @@ def build_gpt_model(shape: GPTShape, precision: Precision, tensor_parallel: int)
         position_embedding_type="rope",
         rotary_base=int(shape.rope_theta),
     )
+    # megatron's parallel linears allocate on the current CUDA device; its torch norms and
+    # the rotary buffers on the default device: move everything to the GPU.
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
     if config.bf16:
         return Float16Module(config, model)
     return model

@@ -1,0 +1,107 @@
+"""Policy train step, Megatron vs Hugging Face backend, side by side on one GPU: step time,
+tokens/s, MFU and peak GPU memory of the policy worker's ``train`` at the same shape.
+
+    python benchmarks/megatron_bench.py [--shape 0.4b|25m] [--rows 8] [--seq 1024] [--steps 5]
+
+The model is a randomly initialised Qwen2 (``0.4b``: hidden 896, 24 layers, 14 query / 2
+key-value heads, ffn 4864, vocab 32k, ~0.39B parameters, tied embeddings). One ``train``
+call = one optimizer step over ``rows`` sequences of ``seq`` tokens (all completion, GRPO
+loss), through the worker classes the library runs (``HfPolicyWorkerImpl``,
+``MegatronPolicyWorkerImpl``, in this process). Backends: HF fp32 (the HF worker's only
+precision today), Megatron fp32, Megatron bf16-mixed. Times are medians over ``--steps``
+calls after two warm-up calls; MFU = 6 * parameters * tokens/s / 989e12 (H100 dense bf16
+peak; for fp32 rows it is the same yardstick, not the fp32 peak).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from harness.policy_backends import make_worker  # noqa: E402
+
+from posttrain.algorithms.loss_functions import ClippedPGLoss  # noqa: E402
+from posttrain.data.batch import TokenBatch  # noqa: E402
+
+SHAPES = {
+    "0.4b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                 intermediate_size=4864, vocab_size=32000),
+    "25m": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+                intermediate_size=1536, vocab_size=4096),
+}
+H100_PEAK_FLOPS = 989e12
+
+
+def build_model(shape: str, out: Path) -> int:
+    """Save a random Qwen2 of ``shape`` to ``out``; returns its parameter count."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=4096, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(out)
+    return sum(p.numel() for p in model.parameters())
+
+
+def make_rows(rows: int, seq: int, vocab: int) -> TokenBatch:
+    """``rows`` sequences of one prompt token and ``seq - 1`` completion tokens (no padding)."""
+    ids = torch.randint(2, vocab, (rows, seq))
+    return TokenBatch(input_ids=ids, attention_mask=torch.ones_like(ids), prompt_lens=torch.ones(rows, dtype=torch.long),
+                      completion_lens=torch.full((rows,), seq - 1), completion_mask=torch.ones(rows, seq - 1))
+
+
+def bench(backend: str, precision: str, path: str, batch: TokenBatch, steps: int) -> dict[str, float]:
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    rows = len(batch)
+    worker = make_worker(backend, path, precision=precision, device="cuda", lr=1e-6, train_global_batch_size=rows,
+                         train_micro_batch_size=rows, logprob_batch_size=rows)
+    zeros = torch.zeros(batch.completion_mask.shape)
+    extra = {"advantages": torch.randn(rows), "old_logprobs": zeros - 10.0, "ref_logprobs": zeros - 10.0}
+    times = []
+    for i in range(steps + 2):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        worker.train(batch, extra, ClippedPGLoss())
+        torch.cuda.synchronize()
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    out = {"step_s": statistics.median(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    del worker
+    gc.collect()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="0.4b")
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("megatron_bench.py: needs 1 GPU, found 0")
+    with tempfile.TemporaryDirectory() as tmp:
+        params = build_model(args.shape, Path(tmp))
+        batch = make_rows(args.rows, args.seq, SHAPES[args.shape]["vocab_size"])
+        tokens = args.rows * args.seq
+        print(f"{args.shape}: {params / 1e6:.0f}M parameters, {args.rows} x {args.seq} tokens per step, "
+              f"{torch.cuda.get_device_name()}")
+        print(f"{'backend':<22}{'step s':>8}{'tokens/s':>11}{'MFU %':>7}{'peak GiB':>10}")
+        for backend, precision in (("hf", "fp32"), ("megatron", "fp32"), ("megatron", "bf16-mixed")):
+            r = bench(backend, precision, tmp, batch, args.steps)
+            tps = tokens / r["step_s"]
+            print(f"{backend + ' ' + precision:<22}{r['step_s']:>8.3f}{tps:>11,.0f}"
+                  f"{100 * 6 * params * tps / H100_PEAK_FLOPS:>7.1f}{r['peak_gib']:>10.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
