@@ -54,8 +54,9 @@ def build_model(shape: str, out: Path) -> int:
 def make_rows(rows: int, seq: int, vocab: int) -> TokenBatch:
     """``rows`` sequences of one prompt token and ``seq - 1`` completion tokens (no padding)."""
     ids = torch.randint(2, vocab, (rows, seq))
-    return TokenBatch(input_ids=ids, attention_mask=torch.ones_like(ids), prompt_lens=torch.ones(rows, dtype=torch.long),
-                      completion_lens=torch.full((rows,), seq - 1), completion_mask=torch.ones(rows, seq - 1))
+    return TokenBatch(input_ids=ids, attention_mask=torch.ones_like(ids),
+                      prompt_lens=torch.ones(rows, dtype=torch.long), completion_lens=torch.full((rows,), seq - 1),
+                      completion_mask=torch.ones(rows, seq - 1))
 
 
 def bench(backend: str, precision: str, path: str, batch: TokenBatch, steps: int) -> dict[str, float]:
