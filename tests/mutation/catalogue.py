@@ -8,8 +8,9 @@ file leave them valid.
 
 ``first`` lists the tests expected to catch the mutant; the runner runs them first and falls
 back to the mutant's whole tier, so a stale hint costs time, never a wrong verdict. ``tier``
-is where it must be caught: ``default`` (the README's test command, without ``slow``) or
-``vllm`` (``--vllm-only``, on the real engine). ``klass`` is its silent-failure class (the
+is where it must be caught: ``default`` (the README's test command, without ``slow``),
+``vllm`` (``--vllm-only``, on the real engine) or ``mcore`` (``--mcore-only``: megatron-core on
+2 GPUs). ``klass`` is its silent-failure class (the
 table in docs/testing.md). Add a mutant whenever a new silent-failure mode is found, and a
 test that catches it. ``tests/unit/test_mutation_catalogue.py`` checks every anchor still
 matches the sources.
@@ -28,10 +29,12 @@ LOOP_DATA = "tests/integration/test_loop_data.py"
 SFT_TOKENS = "tests/integration/test_sft_tokens.py"
 VLLM_TESTS = "tests/unit/models/generation/test_vllm_generation.py"
 VLLM_WORKER = "posttrain/models/generation/vllm/vllm_generation_worker.py"
+MCORE_TESTS = "tests/unit/models/megatron/test_megatron_policy.py"
+MCORE_WORKER = "posttrain/models/policy/megatron_policy_worker.py"
 
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
 # the others are the classes of issue 12.
-CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "stale-engine", "prompts")
+CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "stale-engine", "prompts", "megatron")
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class Mutant:
         replacements: ``(old, new)`` pairs; each ``old`` must occur exactly once in ``path``.
         first: pytest node ids (files or tests) most likely to catch it, run first.
         klass: its silent-failure class, one of ``CLASSES``.
-        tier: ``default`` or ``vllm``, the tier that must catch it.
+        tier: ``default``, ``vllm`` or ``mcore`` (GPUs), the tier that must catch it.
     """
 
     name: str
@@ -279,4 +282,36 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/data/sampler.py",
            (("order = self._permutation(self.epoch_of(step))", "order = self._permutation(0)"),),
            ("tests/unit/data/test_sampler.py",), klass="prompts"),
+    # --- issue 15: the Megatron policy (judged on 2 GPUs: --mcore-only) ---------------------------
+    Mutant("megatron_tp_attributes_not_set", "GPTModel built without initialisation: no weight is tagged tensor-"
+           "parallel, so the grad norm counts rank 0's shards only and clipping is too weak under TP",
+           "posttrain/models/megatron/model.py", (("perform_initialization=True", "perform_initialization=False"),),
+           (f"{MCORE_TESTS}::test_tensor_parallel_2_matches_the_hf_worker",), klass="megatron", tier="mcore"),
+    Mutant("megatron_gate_up_swapped", "SwiGLU's gate and up projections swapped in the HF -> Megatron conversion",
+           "posttrain/models/megatron/conversion.py", (("torch.cat([gate, up])", "torch.cat([up, gate])"),),
+           (f"{MCORE_TESTS}::test_logits_equal_the_hf_models", "tests/unit/models/megatron/test_conversion.py"),
+           klass="megatron", tier="mcore"),
+    Mutant("megatron_warmup_ignored", "the Megatron worker trains at the full lr from the first step",
+           MCORE_WORKER, (('return self.cfg["lr"] * (min', 'return self.cfg["lr"] * 1.0 or (min'),),
+           (f"{MCORE_TESTS}::test_train_steps_equal_the_hf_workers",), klass="megatron", tier="mcore"),
+    Mutant("megatron_reference_is_policy", "the Megatron reference model is the trained model: the KL never binds",
+           MCORE_WORKER,
+           (("_load_local(self.reference, shard)", "_load_local(self.reference, shard); self.reference = model"),),
+           (f"{LEARNING}::test_reference_policy_stays_frozen",), klass="megatron", tier="mcore"),
+    Mutant("megatron_nonfinite_step_taken", "a NaN gradient is applied: the weights turn NaN",
+           MCORE_WORKER,
+           (("        if math.isfinite(grad_norm):\n            for group",
+             "        if True:\n            for group"),),
+           (f"{MCORE_TESTS}::test_a_non_finite_gradient_skips_the_step_and_training_goes_on",), klass="megatron",
+           tier="mcore"),
+    Mutant("megatron_optimizer_state_not_restored", "load_checkpoint restores the weights but not Adam's moments",
+           MCORE_WORKER, (('self.optimizer.load_state_dict(state["optimizer"])', "pass"),),
+           (f"{MCORE_TESTS}::test_checkpoint_save_and_load_continue_exactly",), klass="megatron", tier="mcore"),
+    Mutant("megatron_vocab_padding_in_softmax", "the zero rows that pad the vocabulary for TP get probability mass",
+           MCORE_WORKER, (("return logits[..., : self.shape.vocab_size]", "return logits"),),
+           (f"{MCORE_TESTS}::test_tensor_parallel_2_matches_the_hf_worker",), klass="megatron", tier="mcore"),
+    Mutant("megatron_qkv_bias_dropped", "the converter forgets Qwen2's q/k/v biases",
+           "posttrain/models/megatron/conversion.py", (("qkv_bias=True,", "qkv_bias=False,"),),
+           (f"{MCORE_TESTS}::test_weights_round_trip_hf_to_megatron_to_hf_bit_exact",), klass="megatron",
+           tier="mcore"),
 )

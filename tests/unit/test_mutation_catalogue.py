@@ -47,3 +47,14 @@ def test_class_tier_and_named_tests_exist(mutant) -> None:
 def test_each_silent_failure_class_has_at_least_two_mutants() -> None:
     counts = Counter(m.klass for m in MUTANTS)
     assert {k: counts[k] for k in CLASSES if counts[k] < 2} == {}
+
+
+def test_a_run_without_tier_judges_the_cpu_tiers_and_mcore_is_asked_for() -> None:
+    from run_mutants import select
+
+    tiers = {m.tier for m in select(None)}
+    assert tiers == {"default", "vllm"}
+    assert {m.tier for m in select(None, ["mcore"])} == {"mcore"}
+    assert len(select(None, ["mcore"])) >= 2
+    with pytest.raises(MutationError, match="unknown tier"):
+        select(None, ["gpu"])
