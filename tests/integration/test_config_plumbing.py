@@ -227,6 +227,22 @@ def backend(runner: Runner, _) -> None:
             runner.ip.run(grpo, GRPO_YAML, [f"model.path={runner.model_path}", "generation.backend=vllm"])
 
 
+def policy_backend(runner: Runner, _) -> None:
+    """backend=hf gives a Hugging Face policy worker; backend=megatron reaches the Megatron
+    checks (here, without a GPU or megatron-core, the run stops before Ray with their line)."""
+    from posttrain.models.policy.hf_policy_worker import HfPolicyWorkerImpl
+
+    run = runner.sft("policy.backend=hf")
+    assert all(isinstance(w.impl, HfPolicyWorkerImpl) for w in run.workers("policy"))
+    runner.ip.recorder.ray_init.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "device_count", lambda: 0)
+        refused = "policy.backend=megatron (but megatron-core is not installed|needs 1 GPU)"
+        with pytest.raises(ConfigError, match=refused):
+            runner.sft("policy.backend=megatron")
+    assert runner.ip.recorder.ray_init == []
+
+
 # --- the weight-sync probe -------------------------------------------------------------------
 
 
@@ -563,14 +579,20 @@ PROOFS: dict[str, Callable] = {
     "data.gsm8k_train_path": gsm8k_paths, "data.gsm8k_val_path": gsm8k_paths,
     "model.path": model_path, **{key: tiny_model for key in TINY},
     "policy.train_micro_batch_size": micro_batch, "policy.logprob_batch_size": logprob_batch,
-    "policy.num_threads": policy_threads,
+    "policy.num_threads": policy_threads, "policy.backend": policy_backend,
     "cluster.address": ray_start, "cluster.num_cpus": ray_start, "cluster.num_gpus": ray_start,
     "cluster.cpus_per_worker": cpus_per_worker, "cluster.gpus_per_worker": gpus_per_worker,
     "logger.log_dir": log_dir, "logger.print_period": print_period, "checkpoint.save_path": save_path,
 }
 
 # Proven by a test elsewhere: key -> its node id (it sets the key and observes the effect).
+MCORE = "tests/unit/models/megatron/test_megatron_policy.py::"
 PROVEN_ELSEWHERE: dict[str, str] = {
+    # the Megatron keys act on a GPU (the mcore tier); on CPU the run stops at the backend check
+    "policy.megatron.tensor_model_parallel_size": MCORE + "test_tensor_parallel_2_matches_the_hf_worker",
+    "policy.megatron.precision": MCORE + "test_bf16_mixed_keeps_fp32_master_weights_and_learns",
+    "policy.megatron.pipeline_model_parallel_size": "tests/unit/models/megatron/test_backend_checks.py::"
+                                                    "test_megatron_pipeline_parallelism_is_refused",
     "data.dataset": "tests/integration/test_loop_data.py::test_grpo_on_gsm8k_trains_on_the_train_file_and_validates_"
                     "on_the_test_file",
 }

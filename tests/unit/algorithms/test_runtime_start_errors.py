@@ -17,7 +17,7 @@ def test_unloadable_weights_fail_at_setup_in_one_line(ray_cluster, tiny_model_pa
     broken = tmp_path / "broken_model"
     shutil.copytree(tiny_model_path, broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
-    expected = rf"^policy worker for '{re.escape(str(broken))}' did not start: \w+"
+    expected = rf"^hf policy worker for '{re.escape(str(broken))}' did not start: \w+"
     with pytest.raises(WorkerStartError, match=expected) as err:
         setup_runtime(ModelConfig(path=str(broken)), PolicyConfig(), GenerationConfig(backend="hf"),
                       ClusterConfig(cpus_per_worker=0.5), seed=0)

@@ -1,0 +1,91 @@
+"""``policy.backend=megatron`` where it cannot run fails before Ray starts, in one line, exit 2
+(CPU, no megatron-core needed): the config schema, ``check_backend``, the placement, the entry
+point and the Megatron functional scripts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from posttrain.config import GenerationConfig, PolicyConfig
+from posttrain.errors import ConfigError
+from posttrain.models.generation.factory import num_bundles
+from posttrain.models.policy import lm_policy
+from posttrain.models.policy.lm_policy import check_backend, num_policy_workers
+
+ROOT = Path(__file__).resolve().parents[4]
+
+
+def megatron(tp: int = 1) -> dict:
+    return PolicyConfig.model_validate({"backend": "megatron",
+                                        "megatron": {"tensor_model_parallel_size": tp}}).model_dump()
+
+
+def test_the_backend_is_hf_unless_asked_and_names_are_strict() -> None:
+    assert PolicyConfig().backend == "hf"
+    with pytest.raises(ValueError, match="backend"):
+        PolicyConfig.model_validate({"backend": "mcore"})
+    with pytest.raises(ValueError, match="precision"):
+        PolicyConfig.model_validate({"megatron": {"precision": "fp16"}})
+
+
+def test_megatron_pipeline_parallelism_is_refused() -> None:
+    with pytest.raises(ValueError, match="pipeline_model_parallel_size=2 is not supported"):
+        PolicyConfig.model_validate({"megatron": {"pipeline_model_parallel_size": 2}})
+
+
+def test_hf_needs_nothing() -> None:
+    check_backend(PolicyConfig().model_dump(), gpus_per_worker=0.0, gpus_found=0)
+
+
+def test_megatron_without_megatron_core_names_the_extra(monkeypatch) -> None:
+    monkeypatch.setattr(lm_policy.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"megatron-core is not installed: run with `uv run --extra mcore"):
+        check_backend(megatron(), gpus_per_worker=1.0, gpus_found=1)
+
+
+@pytest.mark.parametrize(("tp", "gpus_per_worker", "found", "message"), [
+    (1, 1.0, 0, "needs 1 GPU, found 0"),
+    (1, 0.0, 1, "set cluster.gpus_per_worker > 0"),
+    (2, 0.5, 2, "tensor_model_parallel_size=2 needs a whole GPU per rank, but cluster.gpus_per_worker=0.5"),
+])
+def test_megatron_without_the_gpus_it_needs_is_refused(monkeypatch, tp, gpus_per_worker, found, message) -> None:
+    monkeypatch.setattr(lm_policy.importlib.util, "find_spec", lambda name: object())  # megatron "installed"
+    with pytest.raises(ConfigError, match=message):
+        check_backend(megatron(tp), gpus_per_worker=gpus_per_worker, gpus_found=found)
+    check_backend(megatron(tp), gpus_per_worker=1.0, gpus_found=tp)  # and with them it passes
+
+
+def test_each_tensor_parallel_rank_takes_a_bundle_and_engines_come_after() -> None:
+    assert num_policy_workers(PolicyConfig().model_dump()) == 1
+    assert num_policy_workers(megatron(2)) == 2
+    hf_engines = GenerationConfig(num_workers=2)
+    assert num_bundles(hf_engines, "hf", policy_workers=2) == 4
+    assert num_bundles(GenerationConfig(colocated=True, num_workers=2), "vllm", policy_workers=2) == 2
+
+
+def run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_ADDRESS": "", **env})
+
+
+def test_the_entry_point_refuses_megatron_on_a_cpu_machine_in_one_line(tmp_path) -> None:
+    result = run(sys.executable, "examples/run_grpo.py", "policy.backend=megatron", f"logger.log_dir={tmp_path}",
+                 CUDA_VISIBLE_DEVICES="")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: policy.backend=megatron"), lines
+    assert "Started a local Ray instance" not in result.stdout + result.stderr  # refused before Ray
+
+
+@pytest.mark.parametrize("script", ["grpo_megatron.sh", "sft_megatron.sh"])
+def test_the_megatron_functional_scripts_exit_2_without_a_gpu(script, tmp_path) -> None:
+    before = set((ROOT / "tests" / "functional").iterdir())
+    result = run("bash", f"tests/functional/{script}", POSTTRAIN_NUM_GPUS="0")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"{script}: needs 1 GPU, found 0"
+    assert set((ROOT / "tests" / "functional").iterdir()) == before  # nothing run, nothing written
