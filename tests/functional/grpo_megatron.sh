@@ -6,8 +6,9 @@
 # Hugging Face generate on the GPU (the output says which ran). fp32, so the weight-sync
 # probe stays at float rounding and the run compares with the HF policy's.
 #   uv run bash tests/functional/grpo_megatron.sh [key.sub=value ...]   (brings in the mcore extra)
-#   COMPARE_HF=1 ...: then the HF policy from the same warm start, seed and steps; the two
-#                     held-out accuracy gains must agree within MAX_GAIN_GAP (default 0.05)
+#   COMPARE_HF=1 ...: then both policies from the same warm start for each seed of
+#                     COMPARE_SEEDS (default "0 1 2"; same steps): their mean held-out accuracy
+#                     gains must agree within MAX_GAIN_GAP (default 0.05; see compare_gains)
 # Without a GPU: "needs 1 GPU, found 0", exit 2.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 require_gpus 1
@@ -18,8 +19,16 @@ MIN_VAL_GAIN=${MIN_VAL_GAIN:-0.10} grpo_functional grpo_megatron policy.backend=
   policy.megatron.precision=fp32 cluster.gpus_per_worker=0.5 generation.colocated=true "$@"
 
 if [ "${COMPARE_HF:-0}" = 1 ]; then
-  megatron_metrics=$WORK/metrics.json
-  WARM_START=$WORK/warm_start MIN_VAL_GAIN=${MIN_VAL_GAIN:-0.10} grpo_functional grpo_megatron_hf \
-    policy.backend=hf cluster.gpus_per_worker=0.5 generation.colocated=true "$@"
-  compare_gains "$megatron_metrics" "$WORK/metrics.json" "${MAX_GAIN_GAP:-0.05}"
+  warm=$WORK/warm_start main_seed=${SEED:-0} megatron_runs=$WORK/metrics.json hf_runs=""
+  for seed in ${COMPARE_SEEDS:-0 1 2}; do
+    if [ "$seed" != "$main_seed" ]; then
+      SEED=$seed WARM_START=$warm MIN_VAL_GAIN=${MIN_VAL_GAIN:-0.10} grpo_functional "grpo_megatron_seed$seed" \
+        policy.backend=megatron policy.megatron.precision=fp32 cluster.gpus_per_worker=0.5 generation.colocated=true "$@"
+      megatron_runs+=" $WORK/metrics.json"
+    fi
+    SEED=$seed WARM_START=$warm MIN_VAL_GAIN=${MIN_VAL_GAIN:-0.10} grpo_functional "grpo_megatron_hf_seed$seed" \
+      policy.backend=hf cluster.gpus_per_worker=0.5 generation.colocated=true "$@"
+    hf_runs+=" $WORK/metrics.json"
+  done
+  compare_gains "${MAX_GAIN_GAP:-0.05}" "$megatron_runs" "$hf_runs"
 fi
