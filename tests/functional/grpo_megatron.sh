@@ -15,19 +15,19 @@ require_gpus 1
 require_extra mcore megatron.core "$@"
 export BACKEND=${BACKEND:-auto}
 echo "== generation engine: $(python -c "from posttrain.models.generation.factory import resolve_backend as r; print(r('$BACKEND'))")"
-MIN_VAL_GAIN=${MIN_VAL_GAIN:-0.10} grpo_functional grpo_megatron policy.backend=megatron \
-  policy.megatron.precision=fp32 cluster.gpus_per_worker=0.5 generation.colocated=true "$@"
+export MIN_VAL_GAIN=${MIN_VAL_GAIN:-0.10}
+shared_gpu=(cluster.gpus_per_worker=0.5 generation.colocated=true)
+megatron=(policy.backend=megatron policy.megatron.precision=fp32 "${shared_gpu[@]}")
+grpo_functional grpo_megatron "${megatron[@]}" "$@"
 
 if [ "${COMPARE_HF:-0}" = 1 ]; then
   warm=$WORK/warm_start main_seed=${SEED:-0} megatron_runs=$WORK/metrics.json hf_runs=""
   for seed in ${COMPARE_SEEDS:-0 1 2}; do
     if [ "$seed" != "$main_seed" ]; then
-      SEED=$seed WARM_START=$warm MIN_VAL_GAIN=${MIN_VAL_GAIN:-0.10} grpo_functional "grpo_megatron_seed$seed" \
-        policy.backend=megatron policy.megatron.precision=fp32 cluster.gpus_per_worker=0.5 generation.colocated=true "$@"
+      SEED=$seed WARM_START=$warm grpo_functional "grpo_megatron_seed$seed" "${megatron[@]}" "$@"
       megatron_runs+=" $WORK/metrics.json"
     fi
-    SEED=$seed WARM_START=$warm MIN_VAL_GAIN=${MIN_VAL_GAIN:-0.10} grpo_functional "grpo_megatron_hf_seed$seed" \
-      policy.backend=hf cluster.gpus_per_worker=0.5 generation.colocated=true "$@"
+    SEED=$seed WARM_START=$warm grpo_functional "grpo_megatron_hf_seed$seed" policy.backend=hf "${shared_gpu[@]}" "$@"
     hf_runs+=" $WORK/metrics.json"
   done
   compare_gains "${MAX_GAIN_GAP:-0.05}" "$megatron_runs" "$hf_runs"
