@@ -52,12 +52,14 @@ def test_both_grpo_scripts_run_the_shared_rules() -> None:
 
 
 def resolved_args(script: str, expect_steps: int) -> list[str]:
-    """``check_run_args`` with the shell variables replaced as the script computes them."""
+    """``check_run_args`` with the shell variables replaced as the script computes them
+    (``MIN_VAL_GAIN`` unset: grpo.sh's default; grpo_megatron.sh sets 0.10)."""
     tenth = str((expect_steps + 9) // 10)  # the scripts' tenth: steps in the first / last 10%
     # sft.sh names it $EXPECT_STEPS (script scope), common.sh $expect_steps (a function local).
     return [
         str(expect_steps) if a in ("$EXPECT_STEPS", "$expect_steps") else
-        a.replace("$((tenth + 1))", str(int(tenth) + 1)).replace("$tenth", tenth)
+        a.replace("$((tenth + 1))", str(int(tenth) + 1)).replace("$tenth", tenth).replace("${MIN_VAL_GAIN:-0.15}",
+                                                                                          "0.15")
         for a in check_run_args(script)
     ]
 
