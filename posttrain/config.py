@@ -159,7 +159,16 @@ class LoggerConfig(Section):
 
 
 class CheckpointConfig(Section):
+    """The final export (``save_path``) and periodic checkpoints to resume from (``dir``)."""
+
     save_path: str | None = Field(None, description="write the final model here (Hugging Face format)")
+    dir: str | None = Field(None, description="periodic checkpoints go here, as step_<N>/; null: none")
+    save_period: int = Field(0, ge=0, description="steps between checkpoints; 0: only at the end of the run")
+    keep_last: int = Field(2, ge=1, description="complete checkpoints kept (the newest)")
+    resume: str = Field(
+        "auto", description="auto: continue from the newest complete checkpoint in dir if there is one; "
+        "never: start over; else the path of a checkpoint (step_<N>/) to continue from"
+    )
 
 
 class RunConfig(Section):

@@ -19,6 +19,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from posttrain.algorithms import checkpointing
 from posttrain.algorithms.advantages import compute_group_advantages, nonzero_variance_mask
 from posttrain.algorithms.evaluation import greedy_accuracy, is_validation_step
 from posttrain.algorithms.loss_functions import ClippedPGLoss
@@ -160,9 +161,10 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
     loss_fn = ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef)
     sampler = EpochSampler(train_problems, cfg.grpo.num_prompts_per_step, cfg.grpo.seed)
     timer = Timer()
-    with open_run(cfg, cfg.grpo.seed) as (rt, logger):
-        logger.log(validate(rt, val_problems, cfg), step=0)
-        for step in range(1, cfg.grpo.num_steps + 1):
+    with open_run(cfg, cfg.grpo.seed) as (rt, logger, resumed_at):
+        if resumed_at == 0:
+            logger.log(validate(rt, val_problems, cfg), step=0)
+        for step in range(resumed_at + 1, cfg.grpo.num_steps + 1):
             start = time.perf_counter()
             problems = sampler.batch(step)
             with timer.time("generation"):
@@ -190,4 +192,6 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
                     metrics.update(validate(rt, val_problems, cfg))
             metrics.update(rt.resource_metrics(timer, start))
             logger.log(metrics, step)
+            if checkpointing.is_due(step, cfg.checkpoint, cfg.grpo.num_steps):
+                checkpointing.save(rt.policy, cfg, step)
     return logger.metrics

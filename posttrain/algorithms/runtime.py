@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.algorithms import checkpointing
 from posttrain.algorithms.refit_probe import RefitProbe
 from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig, RunConfig
 from posttrain.data.chat import ChatEncoder
@@ -125,17 +126,29 @@ def describe_policy(policy: PolicyConfig) -> str:
 
 
 @contextlib.contextmanager
-def open_run(cfg: RunConfig, seed: int) -> Iterator[tuple[Runtime, MetricsLogger]]:
-    """The runtime and the metrics logger of one training run, torn down however it ends.
+def open_run(cfg: RunConfig, seed: int) -> Iterator[tuple[Runtime, MetricsLogger, int]]:
+    """The runtime, the metrics logger and the last finished step of one training run (0 for
+    a fresh run; N when it resumes from checkpoint ``step_N``: the policy, the engine and the
+    RNGs are restored, the logger continues after N), torn down however it ends.
 
     On a normal exit the final policy is saved to ``cfg.checkpoint.save_path`` (when set);
     on any exit the logger is closed and the workers and their reservation are released.
+
+    Raises:
+        ConfigError: ``checkpoint.resume`` names a path that is not a complete checkpoint.
     """
+    resume_from = checkpointing.find_resume(cfg.checkpoint)
     rt = setup_runtime(cfg.model, cfg.policy, cfg.generation, cfg.cluster, seed)
     try:
-        logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.print_period)
+        start = 0
+        if resume_from is not None:
+            start = checkpointing.restore(rt.policy, resume_from)
+            refit(rt.policy, rt.generation, rt.probe)
+            print(f"resumed from {resume_from} (step {start})", flush=True)
+        logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.print_period,
+                               resume_step=start if resume_from is not None else None)
         try:
-            yield rt, logger
+            yield rt, logger, start
             if cfg.checkpoint.save_path:
                 rt.policy.save_checkpoint(cfg.checkpoint.save_path)
         finally:

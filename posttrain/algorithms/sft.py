@@ -12,6 +12,7 @@ import time
 
 from pydantic import Field
 
+from posttrain.algorithms import checkpointing
 from posttrain.algorithms.evaluation import greedy_accuracy, is_validation_step
 from posttrain.algorithms.loss_functions import NLLLoss
 from posttrain.algorithms.runtime import Runtime, open_run, refit
@@ -68,12 +69,17 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
     train_problems, val_problems = load_problems(cfg.data)
     sampler = EpochSampler(train_problems, cfg.sft.batch_size, cfg.sft.seed)
     timer = Timer()
-    with open_run(cfg, cfg.sft.seed) as (rt, logger):
+    with open_run(cfg, cfg.sft.seed) as (rt, logger, resumed_at):
         val_batch = sft_batch(rt.chat, val_problems[: cfg.sft.val_loss_size])
-        metrics = validate(rt, val_batch, val_problems, cfg)
-        logger.log(metrics, step=0)
-        for step in range(1, cfg.sft.num_steps + 1):
+        if resumed_at == 0:
+            metrics = validate(rt, val_batch, val_problems, cfg)
+            logger.log(metrics, step=0)
+        else:  # the stop check reads what the interrupted run logged at its last step
+            metrics = {k: v[str(resumed_at)] for k, v in logger.metrics.items() if str(resumed_at) in v}
+        for step in range(resumed_at + 1, cfg.sft.num_steps + 1):
             if _reached_target(metrics, cfg.sft.stop_at_val_accuracy):
+                if cfg.checkpoint.dir is not None and step - 1 > resumed_at:
+                    checkpointing.save(rt.policy, cfg, step - 1)  # the run ends here: its last step
                 break
             start = time.perf_counter()
             with timer.time("data"):
@@ -85,4 +91,6 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
                     metrics.update(validate(rt, val_batch, val_problems, cfg))
             metrics.update(rt.resource_metrics(timer, start))
             logger.log(metrics, step)
+            if checkpointing.is_due(step, cfg.checkpoint, cfg.sft.num_steps):
+                checkpointing.save(rt.policy, cfg, step)
     return logger.metrics

@@ -22,17 +22,26 @@ CONSOLE_KEYS = ("train/loss", "train/reward_mean", "val/accuracy", "val/loss", "
 
 class MetricsLogger:
     """Args: log_dir (created; holds ``metrics.json`` and ``tensorboard/``), print_period
-    (steps between console lines; step 0 and multiples are printed)."""
+    (steps between console lines; step 0 and multiples are printed), resume_step (a run
+    resumed after step N: ``metrics.json`` keeps the steps up to N, anything the interrupted
+    run logged after N is dropped, and TensorBoard purges steps > N)."""
 
-    def __init__(self, log_dir: str | Path, print_period: int = 10):
+    def __init__(self, log_dir: str | Path, print_period: int = 10, resume_step: int | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.json_path = self.log_dir / "metrics.json"
-        self.writer = SummaryWriter(log_dir=str(self.log_dir / "tensorboard"))
+        purge = None if resume_step is None else resume_step + 1
+        self.writer = SummaryWriter(log_dir=str(self.log_dir / "tensorboard"), purge_step=purge)
         self.print_period = print_period
         self.metrics: dict[str, dict[str, float]] = {}
+        if resume_step is not None and self.json_path.is_file():
+            logged = json.loads(self.json_path.read_text())
+            for name, series in logged.items():
+                kept = {step: value for step, value in series.items() if int(step) <= resume_step}
+                if kept:
+                    self.metrics[name] = kept
         self.console = Console(highlight=False, soft_wrap=True)
 
     def log(self, metrics: dict[str, float], step: int) -> None:

@@ -31,7 +31,6 @@ class HfGenerationWorkerImpl:
         self.pad_id = self.model.config.pad_token_id
         self.eos_id = self.model.config.eos_token_id
         self.version = 0
-        self.calls = 0
         self.rank = rank
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,10 +45,9 @@ class HfGenerationWorkerImpl:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         """Sample one completion per prompt; see :class:`posttrain.models.generation.interfaces.Generation`."""
-        self.calls += 1
         if not prompts:  # a data-parallel shard can be empty when prompts < workers
             return GenerationOutput([], [], self.version)
-        torch.manual_seed(params.seed * 1_000_003 + self.calls * 101 + self.rank)
+        torch.manual_seed(params.seed * 1_000_003 + self.rank)
         ids, mask = (t.to(self.device) for t in self._left_pad(prompts))
         sampling: dict[str, Any] = (
             {"do_sample": False}

@@ -18,7 +18,9 @@ class SamplingParams:
         top_p: nucleus mass in (0, 1]; 1.0 disables it.
         top_k: 0 disables it.
         greedy: argmax decoding (validation).
-        seed: base seed; each call derives its own, so calls differ but runs repeat.
+        seed: the sampling seed: the same seed, prompts and weights give the same samples
+            (a resumed run samples what the uninterrupted one did); callers vary it per call
+            (GRPO: per step). Each worker and prompt derives its own stream from it.
     """
 
     max_new_tokens: int

@@ -109,6 +109,10 @@ class Policy:
         """Write a Hugging Face directory (+ tokenizer, + optimizer state) to ``path``, atomically."""
         self.group.run_all("save_checkpoint", path, tokenizer_path=self.model_path)
 
+    def load_checkpoint(self, path: str) -> None:
+        """Restore weights, optimizer state and weight version from ``save_checkpoint``'s ``path``."""
+        self.group.run_all("load_checkpoint", path)
+
     def peak_memory_gib(self) -> float:
         """Peak resident memory of the policy worker processes, GiB (the largest)."""
         return max(self.group.run_all("peak_memory_gib"))

@@ -68,7 +68,6 @@ class VllmGenerationWorkerImpl:
         self.model_path = model_path
         self.cfg = engine_cfg
         self.rank = rank
-        self.calls = 0
         # The weight version last given to update_weights (0: the model directory's weights).
         # The engine's label and its stamps are checked against it: a label checked against
         # itself cannot reveal an engine that was relabelled or missed a label update.
@@ -149,11 +148,10 @@ class VllmGenerationWorkerImpl:
                 weight version than the one this worker was last given, or a completion was
                 stamped with another version, with several, or with none.
         """
-        self.calls += 1
         expected = self.version
         if not prompts:  # a data-parallel shard can be empty when prompts < workers
             return GenerationOutput([], [], self._checked_label(expected))
-        base = params.seed * 1_000_003 + self.calls * 101 + self.rank * 7_919
+        base = params.seed * 1_000_003 + self.rank * 7_919
         requests = [{"prompt_token_ids": p} for p in prompts]
         with self._awake():
             outs = self.llm.generate(requests, [self._vllm_params(params, base + i) for i in range(len(prompts))],

@@ -1,0 +1,122 @@
+"""Periodic checkpoints and exact resume, in-process on CPU (the real loops, workers and files).
+
+The equivalence: a run of 2N steps and a run of N steps resumed for N more log the same
+values for steps N+1..2N (every metric but wall-clock timings and memory), and the resumed
+run's metrics.json continues at N+1 with no step missing or repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from learnable_reward import low_digit_reward
+
+from posttrain.algorithms import grpo, sft
+from posttrain.errors import ConfigError
+from posttrain.utils.checkpoint import COMPLETE
+
+ROOT = Path(__file__).resolve().parents[2]
+GRPO_YAML = str(ROOT / "examples" / "configs" / "grpo_arithmetic.yaml")
+SFT_YAML = str(ROOT / "examples" / "configs" / "sft_arithmetic.yaml")
+GRPO_BASE = ["grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=4", "generation.max_new_tokens=3",
+             "data.arithmetic.num_val=6", "grpo.val_period=0", "policy.train_global_batch_size=4",
+             "policy.train_micro_batch_size=4", "policy.lr=3e-3", "policy.warmup_steps=5", "grpo.kl_coef=0.1"]
+SFT_BASE = ["sft.batch_size=8", "sft.val_period=2", "sft.val_loss_size=6", "data.arithmetic.num_val=6",
+            "generation.max_new_tokens=3", "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4",
+            "policy.warmup_steps=3"]
+UNTIMED = ("timing/", "memory/")  # wall clock and process memory differ between any two runs
+
+
+@pytest.fixture(autouse=True)
+def learnable(monkeypatch):
+    """A reward the untrained model earns half the time: GRPO groups vary and every step trains
+    (with the real reward nothing would, and a resume that lost the optimizer would pass)."""
+    monkeypatch.setattr(grpo, "math_reward", low_digit_reward)
+
+
+def run(in_process, algorithm, yaml: str, base: list[str], steps: int, log_dir: Path, ckpt_dir: Path,
+        model_path: str, *extra: str):
+    key = "grpo.num_steps" if algorithm is grpo else "sft.num_steps"
+    return in_process.run(algorithm, yaml, [f"model.path={model_path}", *base, f"{key}={steps}",
+                                            f"logger.log_dir={log_dir}", f"checkpoint.dir={ckpt_dir}",
+                                            "checkpoint.save_period=2", *extra])
+
+
+def assert_same_steps(whole: dict, resumed: dict, steps: range) -> None:
+    compared = 0
+    for name, series in whole.items():
+        if name.startswith(UNTIMED):
+            continue
+        for step in map(str, steps):
+            if step in series:
+                a, b = series[step], resumed[name][step]
+                assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6), (name, step, a, b)
+                compared += 1
+    assert compared > 10
+
+
+@pytest.mark.parametrize("algorithm", [grpo, sft], ids=["grpo", "sft"])
+def test_a_resumed_run_logs_what_the_uninterrupted_run_logged(in_process, tiny_model_path, tmp_path, algorithm):
+    yaml, base = (GRPO_YAML, GRPO_BASE) if algorithm is grpo else (SFT_YAML, SFT_BASE)
+    whole = run(in_process, algorithm, yaml, base, 4, tmp_path / "whole", tmp_path / "whole_ckpt", tiny_model_path)
+    first = run(in_process, algorithm, yaml, base, 2, tmp_path / "log", tmp_path / "ckpt", tiny_model_path)
+    assert (tmp_path / "ckpt" / "step_2" / COMPLETE).is_file()
+    resumed = run(in_process, algorithm, yaml, base, 4, tmp_path / "log", tmp_path / "ckpt", tiny_model_path)
+    assert_same_steps(whole.metrics, resumed.metrics, range(3, 5))
+    assert all(resumed.metrics["train/grad_norm"][s] > 0 for s in ("3", "4"))  # steps 3-4 really trained
+    # the resumed run trained steps 3 and 4 only, and from step 2's weights
+    trained = resumed.calls("policy", "train")
+    assert len(trained) == 2
+    assert first.calls("policy", "train")[-1].result["grad_norm"] == pytest.approx(
+        whole.calls("policy", "train")[1].result["grad_norm"], rel=1e-6)
+    # metrics.json continues: every train step once, 1..4; what run 1 logged for 1..2 kept
+    logged = json.loads((tmp_path / "log" / "metrics.json").read_text())
+    assert sorted(map(int, logged["train/loss"])) == [1, 2, 3, 4]
+    assert logged["train/loss"]["1"] == first.metrics["train/loss"]["1"]
+
+
+def test_resume_auto_takes_the_newest_complete_checkpoint_and_never_starts_over(in_process, tiny_model_path,
+                                                                                 tmp_path) -> None:
+    run(in_process, grpo, GRPO_YAML, GRPO_BASE, 4, tmp_path / "log", tmp_path / "ckpt", tiny_model_path,
+        "checkpoint.keep_last=3")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_2", "step_4"]
+    (tmp_path / "ckpt" / "step_4" / COMPLETE).unlink()  # as if step 4 had been cut short
+    resumed = run(in_process, grpo, GRPO_YAML, GRPO_BASE, 4, tmp_path / "log2", tmp_path / "ckpt", tiny_model_path)
+    assert len(resumed.calls("policy", "train")) == 2  # from step 2: steps 3 and 4
+    assert (tmp_path / "ckpt" / "step_4").is_dir()  # rewritten, not deleted
+    fresh = run(in_process, grpo, GRPO_YAML, GRPO_BASE, 4, tmp_path / "log3", tmp_path / "ckpt", tiny_model_path,
+                "checkpoint.resume=never")
+    assert len(fresh.calls("policy", "train")) == 4
+    by_path = run(in_process, grpo, GRPO_YAML, GRPO_BASE, 4, tmp_path / "log4", tmp_path / "other", tiny_model_path,
+                  f"checkpoint.resume={tmp_path / 'ckpt' / 'step_2'}")
+    assert len(by_path.calls("policy", "train")) == 2
+
+
+def test_keep_last_keeps_the_newest(in_process, tiny_model_path, tmp_path) -> None:
+    run(in_process, grpo, GRPO_YAML, GRPO_BASE, 6, tmp_path / "log", tmp_path / "ckpt", tiny_model_path,
+        "checkpoint.keep_last=1")
+    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["step_6"]
+
+
+def test_resume_from_a_path_that_is_not_a_checkpoint_is_one_line(in_process, tiny_model_path, tmp_path) -> None:
+    with pytest.raises(ConfigError, match=f"checkpoint.resume '{tmp_path}' is not a complete checkpoint"):
+        run(in_process, grpo, GRPO_YAML, GRPO_BASE, 2, tmp_path / "log", tmp_path / "ckpt", tiny_model_path,
+            f"checkpoint.resume={tmp_path}")
+
+
+def test_steps_logged_after_the_checkpoint_by_the_interrupted_run_are_dropped(in_process, tiny_model_path,
+                                                                               tmp_path) -> None:
+    """The interrupted run got to step 5 but its newest complete checkpoint is step 2: the
+    resumed run (to step 3) logs 3 again and nothing of the dead run's 4 and 5 stays."""
+    run(in_process, grpo, GRPO_YAML, GRPO_BASE, 5, tmp_path / "log", tmp_path / "ckpt", tiny_model_path,
+        "checkpoint.keep_last=5")
+    for step in (4, 5):
+        (tmp_path / "ckpt" / f"step_{step}" / COMPLETE).unlink()
+    resumed = run(in_process, grpo, GRPO_YAML, GRPO_BASE, 3, tmp_path / "log", tmp_path / "ckpt", tiny_model_path)
+    logged = json.loads((tmp_path / "log" / "metrics.json").read_text())
+    assert sorted(map(int, logged["train/loss"])) == [1, 2, 3]
+    assert sorted(map(int, logged["val/accuracy"])) == [0, 3]  # the dead run's step-5 validation is gone
+    assert logged["train/loss"]["3"] == resumed.metrics["train/loss"]["3"]
