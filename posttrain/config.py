@@ -8,6 +8,7 @@ sections and the top-level schemas live next to their algorithm (``algorithms/gr
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -228,3 +229,27 @@ def load_config(path: str | Path, overrides: list[str], schema: type[S]) -> S:
         return schema.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_format_error(exc)) from None
+
+
+def check_output_paths(cfg: RunConfig) -> None:
+    """Fail before any work when a run could not write its outputs: ``logger.log_dir``,
+    ``checkpoint.dir`` and ``checkpoint.save_path`` must each be a directory or creatable as one
+    (its nearest existing ancestor a writable directory).
+
+    Raises:
+        ConfigError: one line naming the key, the path and what is wrong.
+    """
+    for key, value in (("logger.log_dir", cfg.logger.log_dir), ("checkpoint.dir", cfg.checkpoint.dir),
+                       ("checkpoint.save_path", cfg.checkpoint.save_path)):
+        if value is None:
+            continue
+        path = Path(value).absolute()
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{key} '{value}' is a file, not a directory")
+        existing = path
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise ConfigError(f"{key} '{value}' cannot be created: '{existing}' is a file")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"{key} '{value}' is not writable ('{existing}' does not allow writing)")

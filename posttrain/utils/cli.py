@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from posttrain.config import load_config
+from posttrain.config import RunConfig, check_output_paths, load_config
 from posttrain.errors import PosttrainError
 
 
@@ -18,15 +18,23 @@ def run_main(description: str, default_config: str, schema: type[BaseModel],
     """Parse arguments, load and validate the config, run ``train``.
 
     Returns:
-        0 on success; 2 on bad input (config, data), after printing ``error: <one line>``
-        to stderr. Other exceptions (bugs) propagate with their traceback.
+        0 on success (with ``--validate``: the config and output paths are fine); 2 on bad
+        input (config, output paths, data), after printing ``error: <one line>`` to stderr.
+        Other exceptions (bugs) propagate with their traceback.
     """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", default=default_config, help=f"YAML config (default: {default_config})")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. grpo.num_steps=10")
+    parser.add_argument("--validate", action="store_true",
+                        help="only load and check the config and the output paths, then exit (0: fine, 2: not)")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides, schema)
+        if isinstance(cfg, RunConfig):
+            check_output_paths(cfg)  # before Ray, data and training: a typo costs nothing
+        if args.validate:
+            print(f"config OK: {args.config} {' '.join(args.overrides)}".rstrip())
+            return 0
         train(cfg)
     except PosttrainError as exc:
         print(f"error: {exc}", file=sys.stderr)

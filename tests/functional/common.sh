@@ -1,5 +1,6 @@
 # Shared by tests/functional/*.sh (source it): run a job -> dump its metrics -> check rules.
 #   source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+#   validate <script.py> args...     # the entry point's --validate: exit 2 on a bad override/path
 #   functional_setup <name>          # sets REPO, WORK=tests/functional/<name> (emptied)
 #   run_job <script.py> args...      # runs an examples/ entry point, times it into $WORK/times.txt
 #   config_value <yaml> <key> [key.sub=value ...]   # a config value after the overrides (num_steps)
@@ -40,6 +41,12 @@ require_extra() {
   fi
   echo "$(basename "$0"): needs $module (run with \`uv run --extra $extra ...\`)" >&2
   exit 2
+}
+
+# Check a job's config and output paths before anything is removed: a typo in an override
+# must not cost the previous run's results (exit 2, the entry point's one-line error).
+validate() {
+  (cd "$REPO" && python "$@" --validate >/dev/null) || exit 2
 }
 
 functional_setup() {
@@ -91,9 +98,10 @@ check_run() {
 # to run_grpo.py.
 grpo_functional() {
   local name=$1; shift
-  functional_setup "$name"
   local seed=${SEED:-0} config=examples/configs/grpo_arithmetic.yaml
   local overrides=(generation.backend="${BACKEND:-vllm}" "$@")
+  validate examples/run_grpo.py --config "$config" "${overrides[@]}"
+  functional_setup "$name"
   # The step the run must reach (grpo.num_steps after the overrides): a run that ends early fails.
   local expect_steps tenth
   expect_steps=$(config_value "$config" grpo.num_steps "${overrides[@]}")

@@ -2,8 +2,9 @@
 # SFT of a tiny character-level model on GSM8K solutions; the training loss must fall.
 #   uv run bash tests/functional/sft.sh [key.sub=value ...]   (overrides go to run_sft.py)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-functional_setup sft
 SFT_CONFIG=examples/configs/sft_gsm8k.yaml
+validate examples/run_sft.py --config "$SFT_CONFIG" "$@"
+functional_setup sft
 EXPECT_STEPS=$(config_value "$SFT_CONFIG" sft.num_steps "$@")  # a run that ends early fails
 
 run_job examples/run_sft.py --config "$SFT_CONFIG" logger.log_dir="$WORK/logs" "$@"

@@ -6,10 +6,11 @@
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 require_gpus 1
 require_extra mcore megatron.core "$@"
-functional_setup sft_megatron
 SFT_CONFIG=examples/configs/sft_gsm8k.yaml
 overrides=(policy.backend=megatron policy.megatron.precision=bf16-mixed cluster.gpus_per_worker=0.5
            generation.backend="${BACKEND:-auto}" "$@")
+validate examples/run_sft.py --config "$SFT_CONFIG" "${overrides[@]}"
+functional_setup sft_megatron
 EXPECT_STEPS=$(config_value "$SFT_CONFIG" sft.num_steps "${overrides[@]}")
 
 run_job examples/run_sft.py --config "$SFT_CONFIG" logger.log_dir="$WORK/logs" "${overrides[@]}"

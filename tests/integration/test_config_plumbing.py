@@ -587,7 +587,12 @@ PROOFS: dict[str, Callable] = {
 
 # Proven by a test elsewhere: key -> its node id (it sets the key and observes the effect).
 MCORE = "tests/unit/models/megatron/test_megatron_policy.py::"
+RESUME = "tests/integration/test_checkpoint_resume.py::"
 PROVEN_ELSEWHERE: dict[str, str] = {
+    "checkpoint.dir": RESUME + "test_a_resumed_run_logs_what_the_uninterrupted_run_logged",
+    "checkpoint.save_period": RESUME + "test_resume_auto_takes_the_newest_complete_checkpoint_and_never_starts_over",
+    "checkpoint.keep_last": RESUME + "test_keep_last_keeps_the_newest",
+    "checkpoint.resume": RESUME + "test_resume_auto_takes_the_newest_complete_checkpoint_and_never_starts_over",
     # the Megatron keys act on a GPU (the mcore tier); on CPU the run stops at the backend check
     "policy.megatron.tensor_model_parallel_size": MCORE + "test_tensor_parallel_2_matches_the_hf_worker",
     "policy.megatron.precision": MCORE + "test_bf16_mixed_keeps_fp32_master_weights_and_learns",
