@@ -24,6 +24,7 @@ import yaml
 from posttrain.config import CheckpointConfig
 from posttrain.errors import ConfigError
 from posttrain.utils.checkpoint import COMPLETE, is_complete, latest_complete, save_step
+from posttrain.utils.interrupts import StopRequested, stop_requested
 
 DRIVER_STATE = "driver_state.pt"
 
@@ -69,6 +70,19 @@ def save(policy: Any, run_cfg: Any, step: int) -> Path:
         (tmp / "config.yaml").write_text(yaml.safe_dump(run_cfg.model_dump(), sort_keys=False))
 
     return save_step(Path(cfg.dir), step, write, cfg.keep_last)
+
+
+def after_step(policy: Any, run_cfg: Any, step: int, num_steps: int) -> None:
+    """What the loop does after logging ``step``: a periodic checkpoint when due, and, when a
+    stop was requested (``posttrain.utils.interrupts``), a checkpoint of this step (with
+    ``save_period`` > 0) and :class:`StopRequested`."""
+    saved = save(policy, run_cfg, step) if is_due(step, run_cfg.checkpoint, num_steps) else None
+    signum = stop_requested()
+    if signum is None:
+        return
+    if saved is None and run_cfg.checkpoint.dir is not None and run_cfg.checkpoint.save_period > 0:
+        saved = save(policy, run_cfg, step)
+    raise StopRequested(signum, step, str(saved) if saved else None)
 
 
 def restore(policy: Any, path: Path) -> int:

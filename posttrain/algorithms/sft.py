@@ -91,6 +91,5 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
                     metrics.update(validate(rt, val_batch, val_problems, cfg))
             metrics.update(rt.resource_metrics(timer, start))
             logger.log(metrics, step)
-            if checkpointing.is_due(step, cfg.checkpoint, cfg.sft.num_steps):
-                checkpointing.save(rt.policy, cfg, step)
+            checkpointing.after_step(rt.policy, cfg, step, cfg.sft.num_steps)
     return logger.metrics

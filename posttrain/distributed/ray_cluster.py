@@ -16,6 +16,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from posttrain.errors import ConfigError
+from posttrain.utils.interrupts import rearm
 
 # Under `uv run`, Ray would re-create each worker's environment through uv (slow, and it
 # needs the network); the driver's interpreter and venv are already right for workers.
@@ -41,6 +42,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
     runtime_env = {"env_vars": dict(WORKER_ENV_VARS)}
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        rearm()
         return
     ray.init(
         num_cpus=num_cpus if num_cpus is not None else max(2, os.cpu_count() or 1),
@@ -49,6 +51,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
         runtime_env=runtime_env,
         log_to_driver=True,
     )
+    rearm()  # ray.init replaced the entry point's SIGINT / SIGTERM handlers
 
 
 class RayVirtualCluster:

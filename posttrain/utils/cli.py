@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from posttrain.config import RunConfig, check_output_paths, load_config
 from posttrain.errors import PosttrainError
+from posttrain.utils.interrupts import StopRequested, graceful_stop
 
 
 def run_main(description: str, default_config: str, schema: type[BaseModel],
@@ -19,8 +20,10 @@ def run_main(description: str, default_config: str, schema: type[BaseModel],
 
     Returns:
         0 on success (with ``--validate``: the config and output paths are fine); 2 on bad
-        input (config, output paths, data), after printing ``error: <one line>`` to stderr.
-        Other exceptions (bugs) propagate with their traceback.
+        input (config, output paths, data), after printing ``error: <one line>`` to stderr;
+        128 + the signal number (130 SIGINT, 143 SIGTERM) when a signal stopped the run at a
+        step boundary (one line naming the step and its checkpoint; Ray shut down). Other
+        exceptions (bugs) propagate with their traceback.
     """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", default=default_config, help=f"YAML config (default: {default_config})")
@@ -35,8 +38,25 @@ def run_main(description: str, default_config: str, schema: type[BaseModel],
         if args.validate:
             print(f"config OK: {args.config} {' '.join(args.overrides)}".rstrip())
             return 0
-        train(cfg)
+        with graceful_stop():
+            train(cfg)
+    except StopRequested as exc:
+        _shutdown_ray()
+        print(f"{exc}", file=sys.stderr)
+        return 128 + exc.signum
+    except KeyboardInterrupt:  # a second signal: abort without a checkpoint
+        _shutdown_ray()
+        print("aborted: no checkpoint of the step in flight", file=sys.stderr)
+        return 130
     except PosttrainError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _shutdown_ray() -> None:
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
