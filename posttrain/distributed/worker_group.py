@@ -11,7 +11,7 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from posttrain.distributed.ray_cluster import RayVirtualCluster
-from posttrain.errors import PosttrainError
+from posttrain.errors import PosttrainError, WorkerDiedError
 
 
 class WorkerStartError(PosttrainError):
@@ -42,6 +42,7 @@ class RayWorkerGroup:
     def __init__(self, cluster: RayVirtualCluster, actor_cls: Any, *args: Any,
                  bundle_indices: Sequence[int] | None = None, **kwargs: Any):
         indices = list(bundle_indices) if bundle_indices is not None else list(range(cluster.num_bundles))
+        self.name = actor_cls.__ray_metadata__.class_name  # the class Ray wraps, e.g. "HfPolicyWorker"
         self.workers = [
             actor_cls.options(
                 num_cpus=cluster.bundle["CPU"],
@@ -79,7 +80,22 @@ class RayWorkerGroup:
         copy (a refit's state dict is not serialized once per worker).
         """
         refs = [ray.put(a) for a in args] if len(self.workers) > 1 else list(args)
-        return ray.get([getattr(w, method).remote(*refs, **kwargs) for w in self.workers])
+        return self._get([getattr(w, method).remote(*refs, **kwargs) for w in self.workers], method)
+
+    def _get(self, refs: list[Any], method: str) -> list[Any]:
+        """``ray.get(refs)``; a worker that died on the way is one line naming it.
+
+        Raises:
+            WorkerDiedError: ``"<Class> worker <rank> died during <method>: <reason>"``.
+        """
+        try:
+            return ray.get(refs)
+        except RayActorError as exc:
+            dead = getattr(exc, "actor_id", None)
+            ranks = [r for r, w in enumerate(self.workers) if dead is not None and w._actor_id.hex() == dead]
+            who = f"{self.name} worker {ranks[0] if ranks else '?'}"
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise WorkerDiedError(f"{who} died during {method}: {reason}") from None
 
     def run_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]:
         """Call ``method(shards[0][rank], shards[1][rank], ..., **kwargs)`` on worker ``rank``;
@@ -92,7 +108,7 @@ class RayWorkerGroup:
             if len(shard_list) != len(self.workers):
                 raise ValueError(f"{len(shard_list)} shards for {len(self.workers)} workers")
         per_worker = zip(self.workers, *shards, strict=True)
-        return ray.get([getattr(w, method).remote(*args, **kwargs) for w, *args in per_worker])
+        return self._get([getattr(w, method).remote(*args, **kwargs) for w, *args in per_worker], method)
 
     def shutdown(self) -> None:
         """Kill every worker (their reserved bundles stay with the cluster)."""

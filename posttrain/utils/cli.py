@@ -20,7 +20,8 @@ def run_main(description: str, default_config: str, schema: type[BaseModel],
 
     Returns:
         0 on success (with ``--validate``: the config and output paths are fine); 2 on bad
-        input (config, output paths, data), after printing ``error: <one line>`` to stderr;
+        input (config, output paths, data), 1 when a worker died, after printing ``error: <one
+        line>`` to stderr;
         128 + the signal number (130 SIGINT, 143 SIGTERM) when a signal stopped the run at a
         step boundary (one line naming the step and its checkpoint; Ray shut down). Other
         exceptions (bugs) propagate with their traceback.
@@ -50,7 +51,7 @@ def run_main(description: str, default_config: str, schema: type[BaseModel],
         return 130
     except PosttrainError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     return 0
 
 

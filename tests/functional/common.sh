@@ -162,3 +162,31 @@ print(f"{'PASS' if ok else 'FAIL'}: held-out accuracy gain {ma:.3f} (runs {', '.
 sys.exit(0 if ok else 1)
 PY
 }
+
+# Two runs of the same job logged the same values: every train/* and val/* metric at every
+# step of <metrics_a> (timings and memory aside) within <tol> in <metrics_b>, and no step
+# missing: compare_runs <metrics_a> <metrics_b> <tol>   (the logger's float64 metrics.json)
+compare_runs() {
+  python - "$@" <<'PY'
+import json, math, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+tol = float(sys.argv[3])
+worst, bad, compared = 0.0, [], 0
+for name, series in a.items():
+    if not name.startswith(("train/", "val/")):
+        continue
+    for step, value in series.items():
+        other = b.get(name, {}).get(step)
+        if other is None:
+            bad.append(f"{name} step {step} missing")
+            continue
+        gap = abs(value - other) if math.isfinite(value) and math.isfinite(other) else (0.0 if value == other or (math.isnan(value) and math.isnan(other)) else math.inf)
+        worst, compared = max(worst, gap), compared + 1
+        if gap > tol:
+            bad.append(f"{name} step {step}: {value} vs {other}")
+ok = not bad and compared > 0
+print(f"{'PASS' if ok else 'FAIL'}: {compared} values of {sys.argv[1]} vs {sys.argv[2]}: largest gap {worst:.3g} "
+      f"(tolerance {tol:g})" + ("" if ok else "; " + "; ".join(bad[:5])))
+sys.exit(0 if ok else 1)
+PY
+}

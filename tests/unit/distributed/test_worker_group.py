@@ -77,3 +77,19 @@ def test_a_constructor_error_is_one_line_at_wait_ready(ray_cluster):
 def test_oversized_cluster_is_a_clear_error(ray_cluster):
     with pytest.raises(ConfigError, match=r"needs 6 CPU \(3 bundles x 2\) but the Ray cluster has 2"):
         RayVirtualCluster(3, num_cpus=2)
+
+
+def test_a_worker_that_dies_mid_call_is_one_line_naming_it(ray_cluster):
+    from posttrain.errors import WorkerDiedError
+
+    cluster = RayVirtualCluster(2, num_cpus=0.5)
+    group = RayWorkerGroup(cluster, Echo, "t")
+    try:
+        group.wait_ready("echo worker")
+        ray.kill(group.workers[1], no_restart=True)  # as the OOM killer or a segfault would
+        with pytest.raises(WorkerDiedError, match=r"^Echo worker 1 died during whoami: ") as err:
+            group.run_all("whoami")
+        assert "\n" not in str(err.value) and err.value.exit_code == 1
+    finally:
+        group.shutdown()
+        cluster.shutdown()
