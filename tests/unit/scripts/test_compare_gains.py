@@ -40,3 +40,23 @@ def test_evaluations_are_ordered_by_step_not_by_text(tmp_path) -> None:
     path.write_text(json.dumps({"val/accuracy": {"100": 0.9, "0": 0.1, "50": 0.5}}))
     result = compare("0.5", [str(path)], [str(path)])
     assert "gain 0.400" in result.stdout  # mean(0.1, 0.5, 0.9) - 0.1
+
+
+def compare_runs(a: Path, b: Path, tol: str) -> subprocess.CompletedProcess:
+    script = f"source tests/functional/common.sh; compare_runs {a} {b} {tol}"
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_compare_runs_needs_every_train_and_val_value_within_the_tolerance(tmp_path) -> None:
+    reference = {"train/loss": {"1": 0.5, "2": 0.4}, "val/accuracy": {"0": 0.3, "2": 0.5}, "timing/step": {"1": 9.0}}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(reference))
+    same = {**reference, "timing/step": {"1": 1.0}}  # timings may differ
+    b.write_text(json.dumps(same))
+    assert compare_runs(a, b, "1e-6").returncode == 0
+    b.write_text(json.dumps({**same, "train/loss": {"1": 0.5, "2": 0.4 + 1e-5}}))
+    result = compare_runs(a, b, "1e-6")
+    assert result.returncode == 1 and "train/loss step 2" in result.stdout
+    b.write_text(json.dumps({**same, "val/accuracy": {"0": 0.3}}))  # a step missing
+    result = compare_runs(a, b, "1e-6")
+    assert result.returncode == 1 and "val/accuracy step 2 missing" in result.stdout
