@@ -30,11 +30,13 @@ SFT_TOKENS = "tests/integration/test_sft_tokens.py"
 VLLM_TESTS = "tests/unit/models/generation/test_vllm_generation.py"
 VLLM_WORKER = "posttrain/models/generation/vllm/vllm_generation_worker.py"
 MCORE_TESTS = "tests/unit/models/megatron/test_megatron_policy.py"
+RESUME = "tests/integration/test_checkpoint_resume.py"
 MCORE_WORKER = "posttrain/models/policy/megatron_policy_worker.py"
 
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
 # the others are the classes of issue 12.
-CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "stale-engine", "prompts", "megatron")
+CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "stale-engine", "prompts", "megatron",
+           "resume")
 
 
 @dataclass(frozen=True)
@@ -314,4 +316,21 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/models/megatron/conversion.py", (("qkv_bias=True,", "qkv_bias=False,"),),
            (f"{MCORE_TESTS}::test_weights_round_trip_hf_to_megatron_to_hf_bit_exact",), klass="megatron",
            tier="mcore"),
+    # --- issue 13: a resumed run that is not the run it continues ----------------------------------
+    Mutant("resume_without_optimizer_state", "a resumed run restores the weights but starts Adam's moments over",
+           "posttrain/models/policy/hf_policy_worker.py",
+           (('        self.optimizer.load_state_dict(state["optimizer"])', "        pass"),),
+           (f"{RESUME}::test_a_resumed_run_logs_what_the_uninterrupted_run_logged",), klass="resume"),
+    Mutant("resume_without_refit", "after a resume the engine samples from the initial weights until the next refit",
+           "posttrain/algorithms/runtime.py",
+           (("            refit(rt.policy, rt.generation, rt.probe)", "            pass"),),
+           (f"{RESUME}::test_a_resumed_run_logs_what_the_uninterrupted_run_logged",), klass="resume"),
+    Mutant("resume_keeps_dead_runs_steps", "metrics.json keeps what the interrupted run logged after its checkpoint",
+           "posttrain/utils/logger.py", (("int(step) <= resume_step", "True"),),
+           (f"{RESUME}::test_steps_logged_after_the_checkpoint_by_the_interrupted_run_are_dropped",), klass="resume"),
+    Mutant("stop_without_checkpoint", "Ctrl-C stops the run without a checkpoint of the step it finished",
+           "posttrain/algorithms/checkpointing.py",
+           (("        saved = save(policy, run_cfg, step)\n    raise", "        pass\n    raise"),),
+           ("tests/integration/test_interrupts.py::test_a_signal_mid_step_finishes_the_step_checkpoints_it_and_stops",),
+           klass="resume"),
 )
