@@ -46,11 +46,6 @@ def find_resume(cfg: CheckpointConfig) -> Path | None:
     return path
 
 
-def checkpoint_step(path: Path) -> int:
-    """The last finished step stored in checkpoint ``path``."""
-    return int(torch.load(path / DRIVER_STATE, weights_only=False)["step"])
-
-
 def is_due(step: int, cfg: CheckpointConfig, num_steps: int) -> bool:
     """Whether to write a checkpoint after ``step``: every ``save_period`` steps and after the
     last step, when ``dir`` is set."""
