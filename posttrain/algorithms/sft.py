@@ -78,8 +78,11 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
             metrics = {k: v[str(resumed_at)] for k, v in logger.metrics.items() if str(resumed_at) in v}
         for step in range(resumed_at + 1, cfg.sft.num_steps + 1):
             if _reached_target(metrics, cfg.sft.stop_at_val_accuracy):
-                if cfg.checkpoint.dir is not None and step - 1 > resumed_at:
-                    checkpointing.save(rt.policy, cfg, step - 1)  # the run ends here: its last step
+                # the run ends at step - 1: checkpoint it unless after_step already did
+                last = step - 1
+                if (cfg.checkpoint.dir is not None and last > resumed_at
+                        and not checkpointing.is_due(last, cfg.checkpoint, cfg.sft.num_steps)):
+                    checkpointing.save(rt.policy, cfg, last)
                 break
             start = time.perf_counter()
             with timer.time("data"):

@@ -94,7 +94,8 @@ class RayWorkerGroup:
             dead = getattr(exc, "actor_id", None)
             ranks = [r for r, w in enumerate(self.workers) if dead is not None and w._actor_id.hex() == dead]
             who = f"{self.name} worker {ranks[0] if ranks else '?'}"
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            text = str(exc).strip()
+            reason = text.splitlines()[0] if text else type(exc).__name__
             raise WorkerDiedError(f"{who} died during {method}: {reason}") from None
 
     def run_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]:

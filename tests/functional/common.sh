@@ -180,7 +180,9 @@ for name, series in a.items():
         if other is None:
             bad.append(f"{name} step {step} missing")
             continue
-        gap = abs(value - other) if math.isfinite(value) and math.isfinite(other) else (0.0 if value == other or (math.isnan(value) and math.isnan(other)) else math.inf)
+        same_non_finite = value == other or (math.isnan(value) and math.isnan(other))
+        finite = math.isfinite(value) and math.isfinite(other)
+        gap = abs(value - other) if finite else (0.0 if same_non_finite else math.inf)
         worst, compared = max(worst, gap), compared + 1
         if gap > tol:
             bad.append(f"{name} step {step}: {value} vs {other}")

@@ -31,8 +31,18 @@ kill -KILL -- "-$pid" 2>/dev/null || true
 wait "$pid" 2>/dev/null || true
 echo "== killed the run (SIGKILL, its whole session) ${delay%.*} s after its first checkpoint; checkpoints:" \
      "$(cd "$ckpt" && echo step_*)"
+if [ -f "$ckpt/step_$steps/COMPLETE" ]; then
+  echo "the run finished before it was killed: nothing would be resumed" >&2
+  exit 1
+fi
 
-run_job "${args[@]}"  # the same command: resumes from the newest complete checkpoint
+# The same command: it must resume from the newest complete checkpoint (a run that started
+# over would match the reference too: the job is deterministic), so its output must say so.
+run_job "${args[@]}" | tee "$WORK/resumed_run.log"
+if ! grep -q "^resumed from $ckpt/step_[0-9]* " "$WORK/resumed_run.log"; then
+  echo "the second run did not resume from a checkpoint in $ckpt" >&2
+  exit 1
+fi
 check_run "$logs" --expect-steps "$steps" --pack grpo \
   "mean(data[\"val/accuracy\"], -1) - data[\"val/accuracy\"][\"0\"] >= ${MIN_VAL_GAIN:-0.15}"
 compare_runs "$reference" "$logs/metrics.json" 1e-6

@@ -30,6 +30,13 @@ SFT_BASE = ["sft.batch_size=8", "sft.val_period=2", "sft.val_loss_size=6", "data
 UNTIMED = ("timing/", "memory/")  # wall clock and process memory differ between any two runs
 
 
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
 @pytest.fixture(autouse=True)
 def learnable(monkeypatch):
     """A reward the untrained model earns half the time: GRPO groups vary and every step trains
@@ -120,3 +127,29 @@ def test_steps_logged_after_the_checkpoint_by_the_interrupted_run_are_dropped(in
     assert sorted(map(int, logged["train/loss"])) == [1, 2, 3]
     assert sorted(map(int, logged["val/accuracy"])) == [0, 3]  # the dead run's step-5 validation is gone
     assert logged["train/loss"]["3"] == resumed.metrics["train/loss"]["3"]
+
+
+def test_an_sft_run_that_reaches_its_target_early_checkpoints_the_step_it_ended_on(in_process, tiny_model_path,
+                                                                                   tokenizer, tmp_path) -> None:
+    """Validation answers turn right from the second validation on: with a target of 0.5 the
+    run ends after step 1 of 6, and its checkpoint is of step 1 (not due by save_period)."""
+    from posttrain.models.generation.interfaces import GenerationOutput
+
+    seen = []
+
+    def right_after_first(call, out):
+        seen.append(1)
+        if len(seen) == 1:
+            return out
+        answers = [str(sum(int(x) for x in tokenizer.decode(p).rstrip("=").split("+"))) for p in call.args[0]]
+        ids = [tokenizer.encode(a) + [tokenizer.eos_token_id] for a in answers]
+        return GenerationOutput(ids, [[-1.0] * len(i) for i in ids], out.weight_version)
+
+    run = in_process.run(sft, SFT_YAML, [f"model.path={tiny_model_path}", *SFT_BASE, "sft.num_steps=6",
+                                         "sft.val_period=1", "sft.stop_at_val_accuracy=0.5",
+                                         f"logger.log_dir={tmp_path / 'log'}", f"checkpoint.dir={tmp_path / 'ckpt'}",
+                                         "checkpoint.save_period=4"],
+                         {("generation", "generate"): right_after_first})
+    assert sorted(run.metrics["train/loss"]) == ["1"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1"]
+    assert (tmp_path / "ckpt" / "step_1" / COMPLETE).is_file()

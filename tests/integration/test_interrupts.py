@@ -90,3 +90,13 @@ def test_sigterm_to_the_entry_point_exits_143_in_one_line_with_a_checkpoint(tiny
     step = int(last.split("after step ")[1].split(":")[0])
     assert step >= 2 and (tmp_path / "ckpt" / f"step_{step}" / COMPLETE).is_file()
     assert "Traceback" not in err
+
+
+def test_a_signal_during_the_last_step_ends_the_run_normally(in_process, tiny_model_path, tmp_path) -> None:
+    """The run is complete anyway: no StopRequested, and the final export is written."""
+    overrides = [f"model.path={tiny_model_path}", *BASE, "grpo.num_steps=2", f"logger.log_dir={tmp_path / 'log'}",
+                 f"checkpoint.save_path={tmp_path / 'final'}"]
+    with graceful_stop():
+        run = in_process.run(grpo, GRPO_YAML, overrides, {("policy", "train"): signal_during_train(signal.SIGTERM, 2)})
+    assert sorted(map(int, run.metrics["train/loss"])) == [1, 2]
+    assert (tmp_path / "final" / "config.json").is_file()

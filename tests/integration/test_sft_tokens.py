@@ -15,10 +15,8 @@ from harness.policy_backends import BACKENDS, make_worker
 
 from posttrain.algorithms.loss_functions import NLLLoss
 from posttrain.algorithms.sft import sft_batch
-from posttrain.config import PolicyConfig
 from posttrain.data.chat import ChatEncoder
 from posttrain.data.types import MathProblem
-from posttrain.models.policy.hf_policy_worker import HfPolicyWorkerImpl
 
 # prompts of 4 to 6 characters, solutions of 1 to 4: mixed lengths, padding on both sides of the window
 PROBLEMS = [MathProblem(q, s, s) for q, s in [("1+1=", "2"), ("12+34=", "46"), ("99+9=", "108"), ("7+993=", "1000")]]
@@ -29,10 +27,6 @@ def tokenizer(tiny_model_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_path)
-
-
-def worker(model_path: str, **policy) -> HfPolicyWorkerImpl:
-    return HfPolicyWorkerImpl(model_path, {**PolicyConfig(**policy).model_dump(), "temperature": 1.0})
 
 
 def independent_nll(model: torch.nn.Module, tokenizer, problems: list[MathProblem]) -> float:
@@ -63,7 +57,7 @@ def test_sft_loss_is_the_nll_of_exactly_the_solution_tokens(backend, tiny_model_
 
 
 def test_prompt_and_padding_positions_get_no_gradient(tiny_model_path, tokenizer) -> None:
-    policy = worker(tiny_model_path, lr=1e-3, train_global_batch_size=4, train_micro_batch_size=4)
+    policy = make_worker("hf", tiny_model_path, lr=1e-3, train_global_batch_size=4, train_micro_batch_size=4)
     batch = sft_batch(ChatEncoder(tokenizer), PROBLEMS)
     captured = []
 
