@@ -84,8 +84,7 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase):
             does not divide its heads.
     """
 
-    def __init__(self, model_path: str, cfg: dict[str, Any], seed: int = 0, rank: int = 0,
-                 init_method: str = "tcp://127.0.0.1:29500"):
+    def __init__(self, model_path: str, cfg: dict[str, Any], seed: int = 0, rank: int = 0, *, init_method: str):
         from transformers import AutoConfig
         from transformers.utils import logging as hf_logging
 
