@@ -59,6 +59,23 @@ class MegatronConfig(Section):
         return self
 
 
+# Every linear layer of a Qwen2/Llama decoder block (attention and MLP).
+LORA_TARGETS_ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(Section):
+    """LoRA adapters (peft) on the ``hf`` policy backend: with ``rank`` > 0 only the adapters
+    train and are checkpointed; the reference policy is the base model; refit and the final
+    export carry the merged weights."""
+
+    rank: int = Field(0, ge=0, description="adapter rank r; 0: no LoRA (full fine-tuning)")
+    alpha: float = Field(16.0, gt=0, description="the adapter's output is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input while training")
+    target_modules: list[str] = Field(
+        LORA_TARGETS_ALL_LINEAR, min_length=1, description="names of the linear layers that get adapters"
+    )
+
+
 class PolicyConfig(Section):
     """Training side: the backend, optimizer and batching (rows are sequences)."""
 
@@ -66,6 +83,7 @@ class PolicyConfig(Section):
         "hf", description="hf: a transformers model in torch; megatron: a megatron-core GPTModel (GPU, extra mcore)"
     )
     megatron: MegatronConfig = MegatronConfig()
+    lora: LoraConfig = LoraConfig()
     lr: float = Field(3e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: list[float] = Field([0.9, 0.999], min_length=2, max_length=2, description="AdamW (beta1, beta2)")
@@ -83,6 +101,13 @@ class PolicyConfig(Section):
                 f"train_global_batch_size ({self.train_global_batch_size}) must be a multiple of "
                 f"train_micro_batch_size ({self.train_micro_batch_size})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_on_hf_only(self) -> PolicyConfig:
+        if self.lora.rank > 0 and self.backend != "hf":
+            raise ValueError(f"lora.rank={self.lora.rank} needs backend=hf (LoRA is built on peft over a "
+                             f"transformers model), got backend={self.backend}")
         return self
 
 

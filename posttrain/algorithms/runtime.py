@@ -113,15 +113,22 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
         raise
     probe = (RefitProbe(generation.refit_probe, tokenizer, generation.temperature)
              if generation.refit_probe.num_sequences else None)
-    print(f"runtime: {describe_policy(policy)} policy, {generation.num_workers} x {backend} engine"
+    print(f"runtime: {describe_policy(policy, pol)} policy, {generation.num_workers} x {backend} engine"
           f"{' (colocated)' if generation.colocated and backend == 'vllm' else ''}, on {cluster.device}", flush=True)
     return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer), probe)
 
 
-def describe_policy(policy: PolicyConfig) -> str:
-    """``hf``, or ``megatron (tp=N, <precision>)``: what the run's start-up line names."""
+def describe_policy(policy: PolicyConfig, workers: Policy | None = None) -> str:
+    """``hf``, ``hf + LoRA (rank R[: T of N parameters trained, P%])`` (the counts when the
+    ``workers`` are given) or ``megatron (tp=N, <precision>)``: what the start-up line names."""
     if policy.backend == "megatron":
         return f"megatron (tp={policy.megatron.tensor_model_parallel_size}, {policy.megatron.precision})"
+    if policy.lora.rank > 0:
+        counts = ""
+        if workers is not None:
+            trained, total = workers.parameter_counts()
+            counts = f": {trained:,} of {total:,} parameters trained, {100 * trained / total:.2f}%"
+        return f"hf + LoRA (rank {policy.lora.rank}{counts})"
     return policy.backend
 
 
@@ -150,7 +157,7 @@ def open_run(cfg: RunConfig, seed: int) -> Iterator[tuple[Runtime, MetricsLogger
         try:
             yield rt, logger, start
             if cfg.checkpoint.save_path:
-                rt.policy.save_checkpoint(cfg.checkpoint.save_path)
+                rt.policy.export(cfg.checkpoint.save_path)
         finally:
             logger.close()
     finally:

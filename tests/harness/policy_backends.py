@@ -1,6 +1,7 @@
-"""The policy workers a backend-agnostic test runs against: ``hf`` everywhere, ``megatron``
-on a GPU with the ``mcore`` extra (``--mcore-only``), in fp32 so that both must agree with
-the same independent computations.
+"""The policy workers a backend-agnostic test runs against: ``hf`` everywhere, ``lora`` (the
+``hf`` backend training LoRA adapters of rank 8 over all linear layers) everywhere, and
+``megatron`` on a GPU with the ``mcore`` extra (``--mcore-only``), in fp32 so that all must
+agree with the same independent computations.
 
     @pytest.mark.parametrize("backend", BACKENDS)
     def test_x(backend, tiny_model_path):
@@ -21,8 +22,15 @@ from posttrain.config import PolicyConfig
 
 BACKENDS = [
     pytest.param("hf", id="hf"),
+    pytest.param("lora", id="lora"),
     pytest.param("megatron", id="megatron", marks=[pytest.mark.mcore, pytest.mark.gpu(1)]),
 ]
+# The backends that train every weight: what a full fine-tuning replay (tests/integration/replay.py)
+# can be compared with, gradient norms included.
+FULL_FINETUNE_BACKENDS = [b for b in BACKENDS if b.id != "lora"]
+
+
+LORA_RANK = 8
 
 
 def free_tcp_address() -> str:
@@ -35,8 +43,10 @@ def free_tcp_address() -> str:
 def worker_cfg(backend: str, temperature: float = 1.0, precision: str = "fp32", tensor_parallel: int = 1,
                device: str | None = None, **policy: Any) -> dict[str, Any]:
     """The dict a policy worker is constructed with: a validated ``PolicyConfig`` + runtime keys
-    (``device``: default "cuda" for megatron, "cpu" for hf)."""
+    (``device``: default "cuda" for megatron, "cpu" for hf and lora)."""
     megatron = {"precision": precision, "tensor_model_parallel_size": tensor_parallel}
+    if backend == "lora":
+        backend, policy = "hf", {"lora": {"rank": LORA_RANK}, **policy}
     cfg = PolicyConfig.model_validate({**policy, "backend": backend, "megatron": megatron}).model_dump()
     return {**cfg, "temperature": temperature, "device": device or ("cuda" if backend == "megatron" else "cpu")}
 
@@ -45,7 +55,7 @@ def make_worker(backend: str, model_path: str, temperature: float = 1.0, seed: i
     """A fresh in-process policy worker of ``backend`` (the ``*Impl`` class, no Ray); keyword
     arguments are ``worker_cfg``'s (precision, tensor_parallel, device) or ``PolicyConfig`` keys."""
     cfg = worker_cfg(backend, temperature, **policy)
-    if backend == "hf":
+    if cfg["backend"] == "hf":
         from posttrain.models.policy.hf_policy_worker import HfPolicyWorkerImpl
 
         return HfPolicyWorkerImpl(model_path, cfg, seed=seed)

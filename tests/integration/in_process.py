@@ -113,7 +113,8 @@ class LocalWorkerGroup:
         for rank, _ in enumerate(indices):
             impl = impl_cls(*_copy(args), rank=rank, **_copy(kwargs))
             if self.role == "policy":
-                for model in (impl.model, impl.reference):
+                # with LoRA the reference is the trained model with its adapters off (None here)
+                for model in (m for m in (impl.model, impl.reference) if m is not None):
                     model.register_forward_pre_hook(self._count_rows, with_kwargs=True)
             self.workers.append(impl)
             self.recorder.workers.append(Worker(impl, self.role, rank, torch.get_num_threads()))

@@ -65,9 +65,12 @@ def assert_same_steps(whole: dict, resumed: dict, steps: range) -> None:
     assert compared > 10
 
 
-@pytest.mark.parametrize("algorithm", [grpo, sft], ids=["grpo", "sft"])
-def test_a_resumed_run_logs_what_the_uninterrupted_run_logged(in_process, tiny_model_path, tmp_path, algorithm):
+@pytest.mark.parametrize(("algorithm", "lora"), [(grpo, []), (sft, []), (grpo, ["policy.lora.rank=4"])],
+                         ids=["grpo", "sft", "grpo-lora"])
+def test_a_resumed_run_logs_what_the_uninterrupted_run_logged(in_process, tiny_model_path, tmp_path, algorithm,
+                                                              lora):
     yaml, base = (GRPO_YAML, GRPO_BASE) if algorithm is grpo else (SFT_YAML, SFT_BASE)
+    base = [*base, *lora]
     whole = run(in_process, algorithm, yaml, base, 4, tmp_path / "whole", tmp_path / "whole_ckpt", tiny_model_path)
     first = run(in_process, algorithm, yaml, base, 2, tmp_path / "log", tmp_path / "ckpt", tiny_model_path)
     assert (tmp_path / "ckpt" / "step_2" / COMPLETE).is_file()
@@ -112,6 +115,18 @@ def test_resume_from_a_path_that_is_not_a_checkpoint_is_one_line(in_process, tin
     with pytest.raises(ConfigError, match=f"checkpoint.resume '{tmp_path}' is not a complete checkpoint"):
         run(in_process, grpo, GRPO_YAML, GRPO_BASE, 2, tmp_path / "log", tmp_path / "ckpt", tiny_model_path,
             f"checkpoint.resume={tmp_path}")
+
+
+@pytest.mark.parametrize(("written", "resumed", "message"), [
+    ([], ["policy.lora.rank=4"], "holds no LoRA adapter"),
+    (["policy.lora.rank=4"], [], "holds a LoRA adapter, but policy.lora.rank=0"),
+    (["policy.lora.rank=4"], ["policy.lora.rank=8"], "has policy.lora.rank=4, the config says 8"),
+], ids=["full-into-lora", "lora-into-full", "other-rank"])
+def test_resuming_with_another_lora_setting_is_one_line(in_process, tiny_model_path, tmp_path, written, resumed,
+                                                         message) -> None:
+    run(in_process, grpo, GRPO_YAML, GRPO_BASE, 2, tmp_path / "log", tmp_path / "ckpt", tiny_model_path, *written)
+    with pytest.raises(ConfigError, match=message):
+        run(in_process, grpo, GRPO_YAML, GRPO_BASE, 4, tmp_path / "log", tmp_path / "ckpt", tiny_model_path, *resumed)
 
 
 def test_steps_logged_after_the_checkpoint_by_the_interrupted_run_are_dropped(in_process, tiny_model_path,

@@ -4,7 +4,8 @@ An untrained tiny model never answers right, so every reward is 0, every advanta
 the weights never move: a skipped refit would go unnoticed. The reward is replaced (in the
 driver, where rollouts are scored) by one the untrained model earns about half the time,
 and the lr is high, so the trainer's weights move every step and a stale engine's logprobs
-of the sampled tokens drift far from the trainer's.
+of the sampled tokens drift far from the trainer's. With LoRA the engine gets the merged
+weights: an adapter that did not reach them leaves the engine on the base model.
 """
 
 from __future__ import annotations
@@ -16,15 +17,21 @@ from posttrain.algorithms import grpo
 from posttrain.config import load_config
 
 
-def test_engine_scores_like_the_trainer_on_every_step(ray_cluster, tiny_model_path, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("lora", [[], ["policy.lora.rank=8"]], ids=["full", "lora"])
+def test_engine_scores_like_the_trainer_on_every_step(ray_cluster, tiny_model_path, tmp_path, monkeypatch, capsys,
+                                                      lora) -> None:
     monkeypatch.setattr(grpo, "math_reward", low_digit_reward)
     cfg = load_config("examples/configs/grpo_arithmetic.yaml",
                       [f"model.path={tiny_model_path}", "generation.backend=hf", "cluster.cpus_per_worker=0.5",
                        "data.arithmetic.num_val=8", f"logger.log_dir={tmp_path / 'logs'}", "grpo.num_steps=4",
                        "grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=4", "grpo.val_period=0",
-                       "policy.lr=1e-2", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16"],
+                       "policy.lr=1e-2", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16",
+                       *lora],
                       grpo.GRPOMasterConfig)
     metrics = grpo.train(cfg)
+    if lora:  # 8 * (in + out) over the 7 linear layers of 4 blocks: 65,536 of 594,176 + 65,536
+        line = "runtime: hf + LoRA (rank 8: 65,536 of 659,712 parameters trained, 9.93%) policy"
+        assert line in capsys.readouterr().out
     assert min(metrics["train/fraction_groups_kept"].values()) > 0  # there was a signal to learn from
     error = metrics["train/token_mult_prob_error"]
     assert sorted(error, key=int) == ["1", "2", "3", "4"]

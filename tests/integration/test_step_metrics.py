@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from harness.policy_backends import BACKENDS, make_worker
+from harness.policy_backends import FULL_FINETUNE_BACKENDS, make_worker
 from replay import ReplayTrainer, TrainerSpec, assert_metrics_match, padded, token_logprobs
 
 from posttrain.algorithms.loss_functions import ClippedPGLoss, NLLLoss
@@ -49,7 +49,7 @@ def worker_and_replay(backend: str, model_path: str, temperature: float, **polic
     return worker, ReplayTrainer(model, spec)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", FULL_FINETUNE_BACKENDS)
 @pytest.mark.parametrize("shift", [0.1, -0.1, 0.4], ids=["ratios-above-1", "ratios-below-1", "clipped"])
 def test_grpo_step_metrics_read_real_tokens_only(backend, tiny_model_path, batch, shift: float) -> None:
     # one optimizer step of four micro-batches: every ratio is read at the weights extra was made for
@@ -78,7 +78,7 @@ def test_grpo_step_metrics_read_real_tokens_only(backend, tiny_model_path, batch
         assert logged["clip_fraction"] > 0.2
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", FULL_FINETUNE_BACKENDS)
 def test_sft_step_metrics_read_completion_tokens_only(backend, tiny_model_path, batch) -> None:
     worker, replay = worker_and_replay(backend, tiny_model_path, 1.0, lr=1e-3, train_global_batch_size=8,
                                        train_micro_batch_size=2, warmup_steps=4)

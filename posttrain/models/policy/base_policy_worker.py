@@ -8,7 +8,9 @@ cannot drift apart in what a "train step" means.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -52,6 +54,12 @@ class PolicyWorkerBase:
     reference: Any
     weight_version: int
 
+    @contextlib.contextmanager
+    def _scoring_model(self, reference: bool) -> Iterator[torch.nn.Module]:
+        """The model that scores for :meth:`get_logprobs`: the frozen reference or the trained
+        one (a backend whose reference shares the trained model's weights overrides this)."""
+        yield self.reference if reference else self.model
+
     def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
         """``[B, S, V]`` logits of ``batch`` (on ``self.device``), V the true vocabulary size."""
         raise NotImplementedError
@@ -73,16 +81,16 @@ class PolicyWorkerBase:
     def get_logprobs(self, batch: TokenBatch, reference: bool = False) -> torch.Tensor:
         """``[B, L]`` float32 completion logprobs under the current (or reference) policy, at
         the generation temperature, computed in chunks of ``logprob_batch_size`` rows."""
-        model = self.reference if reference else self.model
-        was_training = model.training
-        model.eval()
         chunks = []
-        for start in range(0, len(batch), self.cfg["logprob_batch_size"]):
-            mb = batch.select(slice(start, start + self.cfg["logprob_batch_size"])).to(self.device)
-            logits = self._forward_logits(model, mb)
-            chunks.append(compute_logprobs(logits, mb.input_ids, mb.prompt_lens, mb.completion_mask.shape[1],
-                                           self.cfg["temperature"]))
-        model.train(was_training)
+        with self._scoring_model(reference) as model:
+            was_training = model.training
+            model.eval()
+            for start in range(0, len(batch), self.cfg["logprob_batch_size"]):
+                mb = batch.select(slice(start, start + self.cfg["logprob_batch_size"])).to(self.device)
+                logits = self._forward_logits(model, mb)
+                chunks.append(compute_logprobs(logits, mb.input_ids, mb.prompt_lens, mb.completion_mask.shape[1],
+                                               self.cfg["temperature"]))
+            model.train(was_training)
         return torch.cat(chunks).cpu()
 
     def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
@@ -137,6 +145,20 @@ class PolicyWorkerBase:
         out.update(lr=lr, num_optimizer_steps=float(len(steps)),
                    skipped_optimizer_steps=float(skipped))
         return out
+
+    def export(self, path: str, tokenizer_path: str | None = None) -> None:
+        """Write the final model to ``path`` (Hugging Face format, loadable as a new
+        ``model.path``); by default what ``save_checkpoint`` writes."""
+        self.save_checkpoint(path, tokenizer_path)
+
+    def save_checkpoint(self, path: str, tokenizer_path: str | None = None) -> None:
+        """Atomically write what :meth:`load_checkpoint` needs to continue training to ``path``."""
+        raise NotImplementedError
+
+    def parameter_counts(self) -> tuple[int, int]:
+        """(trained, total) parameters of this worker's model (its shard, under tensor parallelism)."""
+        params = list(self.model.parameters())
+        return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
 
     def get_weight_version(self) -> int:
         """Completed ``train`` calls."""

@@ -8,6 +8,7 @@ goes to every worker, and rank 0's answer is the group's.
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from posttrain.distributed.worker_group import RayWorkerGroup
 from posttrain.errors import ConfigError
 from posttrain.models.policy.hf_policy_worker import HfPolicyWorker
 from posttrain.models.policy.interfaces import LossFn, Metrics
+from posttrain.models.policy.lora import ADAPTER_CONFIG, check_adapter
 
 MCORE_MISSING = ("policy.backend=megatron but megatron-core is not installed: run with `uv run --extra mcore ...`")
 
@@ -79,6 +81,7 @@ class Policy:
             self.group = RayWorkerGroup(cluster, HfPolicyWorker, model_path, cfg, seed, bundle_indices=indices)
         self.model_path = model_path
         self.backend = cfg["backend"]
+        self.lora_cfg = cfg["lora"] if cfg["lora"]["rank"] > 0 else None
 
     def wait_ready(self) -> None:
         """Block until the workers are up (see :meth:`RayWorkerGroup.wait_ready`).
@@ -106,12 +109,31 @@ class Policy:
         return self.group.run_all("get_weight_version")[0]
 
     def save_checkpoint(self, path: str) -> None:
-        """Write a Hugging Face directory (+ tokenizer, + optimizer state) to ``path``, atomically."""
+        """Write the training state to ``path``, atomically: the weights (a Hugging Face
+        directory with the tokenizer; with LoRA the adapter alone), optimizer state, weight version."""
         self.group.run_all("save_checkpoint", path, tokenizer_path=self.model_path)
 
+    def export(self, path: str) -> None:
+        """Write the final model to ``path``, atomically: a Hugging Face directory with the
+        tokenizer, loadable as a new ``model.path`` (with LoRA: the merged weights)."""
+        self.group.run_all("export", path, tokenizer_path=self.model_path)
+
     def load_checkpoint(self, path: str) -> None:
-        """Restore weights, optimizer state and weight version from ``save_checkpoint``'s ``path``."""
+        """Restore weights, optimizer state and weight version from ``save_checkpoint``'s ``path``.
+
+        Raises:
+            ConfigError: the checkpoint's LoRA adapter (or its absence) does not match ``policy.lora``.
+        """
+        if self.lora_cfg is not None:
+            check_adapter(Path(path), self.lora_cfg)
+        elif (Path(path) / ADAPTER_CONFIG).is_file():
+            raise ConfigError(f"checkpoint '{path}' holds a LoRA adapter, but policy.lora.rank=0")
         self.group.run_all("load_checkpoint", path)
+
+    def parameter_counts(self) -> tuple[int, int]:
+        """(trained, total) parameters of the model rank 0 holds (with LoRA: the adapters,
+        and the base model plus the adapters)."""
+        return self.group.run_all("parameter_counts")[0]
 
     def peak_memory_gib(self) -> float:
         """Peak resident memory of the policy worker processes, GiB (the largest)."""
