@@ -31,12 +31,15 @@ VLLM_TESTS = "tests/unit/models/generation/test_vllm_generation.py"
 VLLM_WORKER = "posttrain/models/generation/vllm/vllm_generation_worker.py"
 MCORE_TESTS = "tests/unit/models/megatron/test_megatron_policy.py"
 RESUME = "tests/integration/test_checkpoint_resume.py"
+LORA = "tests/unit/models/policy/test_lora.py"
+LORA_LAYER = "posttrain/models/policy/lora.py"
+HF_WORKER = "posttrain/models/policy/hf_policy_worker.py"
 MCORE_WORKER = "posttrain/models/policy/megatron_policy_worker.py"
 
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
 # the others are the classes of issue 12.
 CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "stale-engine", "prompts", "megatron",
-           "resume")
+           "resume", "lora")
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/unit/test_make_batch.py",)),
     Mutant("kl_against_current_policy", "reference logprobs come from the current policy: the KL penalty never binds",
            "posttrain/models/policy/base_policy_worker.py",
-           (("model = self.reference if reference else self.model", "model = self.model"),),
+           (("yield self.reference if reference else self.model", "yield self.model"),),
            (f"{LEARNING}::test_reference_policy_stays_frozen",
             f"{LEARNING}::test_larger_kl_coefficient_stays_closer_to_the_reference")),
     Mutant("ratio_clipping_disabled", "the probability ratio is never clipped: updates are unbounded",
@@ -333,4 +336,23 @@ MUTANTS: tuple[Mutant, ...] = (
            (("        saved = save(policy, run_cfg, step)\n    raise", "        pass\n    raise"),),
            ("tests/integration/test_interrupts.py::test_a_signal_mid_step_finishes_the_step_checkpoints_it_and_stops",),
            klass="resume"),
+    # --- issue 13: LoRA adapters that train, but not the model the engine or the user gets ------
+    Mutant("lora_refit_without_adapters", "refit sends the base weights: the engine never serves what LoRA learned",
+           LORA_LAYER, (("value = tensor + deltas[name] if name in deltas else tensor", "value = tensor"),),
+           (f"{LORA}::test_merged_weights_are_w0_plus_scaled_ba_and_compute_what_the_adapted_model_computes",
+            "tests/integration/test_grpo_loop_refit.py"), klass="lora"),
+    Mutant("lora_reference_with_adapters", "the reference keeps the adapters on: the KL penalty never binds",
+           HF_WORKER, (("with self.model.disable_adapter():", "with contextlib.nullcontext():"),),
+           (f"{LORA}::test_the_reference_is_the_base_model",), klass="lora"),
+    Mutant("lora_adapter_not_restored", "a resumed LoRA run restores Adam's state but not the adapter weights",
+           HF_WORKER, (("set_peft_model_state_dict(self.model, adapter)",
+                        "set_peft_model_state_dict(self.model, {})"),),
+           (f"{LORA}::test_a_checkpoint_holds_the_adapter_only_and_resumes_exactly",
+            f"{RESUME}::test_a_resumed_run_logs_what_the_uninterrupted_run_logged"), klass="lora"),
+    Mutant("lora_export_unmerged", "the final export drops the adapters: the saved model is the base model",
+           HF_WORKER, (("copy.deepcopy(self.model).merge_and_unload()", "copy.deepcopy(self.model).unload()"),),
+           (f"{LORA}::test_the_export_is_a_plain_model_with_the_merged_weights",), klass="lora"),
+    Mutant("lora_dropout_ignored", "policy.lora.dropout never reaches peft", LORA_LAYER,
+           (('lora_dropout=cfg["dropout"]', "lora_dropout=0.0"),),
+           (f"{LORA}::test_rank_alpha_and_dropout_reach_the_adapters",), klass="config"),
 )

@@ -20,6 +20,7 @@ baseline, a preflight failure, or a pytest run that errored (collection/internal
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import importlib.util
 import os
 import re
@@ -38,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from catalogue import MUTANTS, Mutant  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-COPIED = ("posttrain", "tests", "examples", "data", "pyproject.toml")
-IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "logs", "unit_results*.json")
+def _not_copied(name: str) -> bool:
+    """Files not worth copying even when git lists them (recorded test results)."""
+    return fnmatch.fnmatch(Path(name).name, "unit_results*.json")
 # tier -> (where its tests are, pytest marker expression)
 TIERS: dict[str, tuple[tuple[str, ...], str]] = {
     "default": (("tests/unit", "tests/integration"),
@@ -64,24 +66,22 @@ class Outcome:
 
 
 def copy_repo(dest: Path, ref: str | None = None) -> None:
-    """Copy the sources and tests into ``dest``: the working tree, or the commit ``ref``."""
+    """Copy the repository's files into ``dest``: the working tree's tracked and untracked,
+    not ignored files (what a clone plus local edits holds; docs and CI files included, which
+    tests read), or the commit ``ref``."""
     if ref is not None:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", ref, *COPIED],
-                                 capture_output=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", ref], capture_output=True)
         if archive.returncode != 0:
             raise MutationError(f"git archive {ref!r} failed: {archive.stderr.decode().strip()}")
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
         return
-    for name in COPIED:
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, check=True).stdout.decode()
+    for name in filter(None, listed.split("\0")):
         src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=IGNORED)
-        else:
+        if src.is_file() and not _not_copied(name):
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
-    functional = dest / "tests" / "functional"  # work dirs of functional runs: large, unused here
-    for child in functional.iterdir() if functional.is_dir() else ():
-        if child.is_dir():
-            shutil.rmtree(child)
 
 
 def mutated_text(original: str, mutant: Mutant) -> str:
@@ -183,12 +183,33 @@ def judge(copy: Path, mutant: Mutant) -> Outcome:
             code, output = run_pytest(copy, targets, mutant.tier)
             save_log(mutant.name, output)
             if code == 1:
-                return Outcome(mutant.name, mutant.tier, True, first_failure(output), time.perf_counter() - start)
+                by = first_failure(output)
+                if targets is tier_paths:
+                    confirm_catch(copy, target, original, mutant, by)
+                return Outcome(mutant.name, mutant.tier, True, by, time.perf_counter() - start)
             if code != 0:
                 raise MutationError(f"mutant {mutant.name}: pytest exited {code} on {targets}:\n{output[-3000:]}")
         return Outcome(mutant.name, mutant.tier, False, "-", time.perf_counter() - start)
     finally:
         target.write_text(original)
+
+
+def confirm_catch(copy: Path, target: Path, original: str, mutant: Mutant, by: str) -> None:
+    """A test the catalogue did not name caught ``mutant`` in the whole-tier run: it counts only
+    if it passes without the mutant (a test failing for another reason proves nothing).
+
+    Raises:
+        MutationError: ``by`` fails on the unpatched copy too.
+    """
+    mutated = target.read_text()
+    target.write_text(original)
+    try:
+        code, output = run_pytest(copy, [by], mutant.tier)
+    finally:
+        target.write_text(mutated)
+    if code != 0:
+        raise MutationError(f"mutant {mutant.name}: {by} failed, but it fails without the mutant too (pytest exit "
+                            f"{code}): not a catch; fix that test first:\n{output[-3000:]}")
 
 
 def baseline(copy: Path, mutants: tuple[Mutant, ...]) -> None:

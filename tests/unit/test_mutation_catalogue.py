@@ -58,3 +58,37 @@ def test_a_run_without_tier_judges_the_cpu_tiers_and_mcore_is_asked_for() -> Non
     assert len(select(None, ["mcore"])) >= 2
     with pytest.raises(MutationError, match="unknown tier"):
         select(None, ["gpu"])
+
+
+def test_the_copy_holds_what_tests_read_besides_the_code(tmp_path) -> None:
+    """A test that reads docs/ or CI files must not fail in the copy for want of them: such a
+    failure would be counted as catching whatever mutant was being judged."""
+    from run_mutants import copy_repo
+
+    copy_repo(tmp_path)
+    for name in ("docs/testing.md", "README.md", ".ci/run", ".github/workflows/ci.yml", "posttrain/config.py",
+                 "tests/conftest.py", "pyproject.toml"):
+        assert (tmp_path / name).is_file(), name
+    assert not list((tmp_path / "tests" / "unit").glob("unit_results*.json"))
+
+
+@pytest.mark.parametrize(("unpatched_exit", "counts"), [(0, True), (1, False)])
+def test_a_whole_tier_catch_counts_only_if_the_test_passes_without_the_mutant(tmp_path, monkeypatch, unpatched_exit,
+                                                                              counts) -> None:
+    import run_mutants
+
+    target = tmp_path / "module.py"
+    target.write_text("mutated")
+    seen = []
+
+    def fake_pytest(copy, targets, tier):  # records what the file held when the test ran
+        seen.append(target.read_text())
+        return unpatched_exit, "output"
+
+    monkeypatch.setattr(run_mutants, "run_pytest", fake_pytest)
+    if counts:
+        run_mutants.confirm_catch(tmp_path, target, "original", MUTANTS[0], "tests/x.py::test_y")
+    else:
+        with pytest.raises(MutationError, match="tests/x.py::test_y failed, but it fails without the mutant too"):
+            run_mutants.confirm_catch(tmp_path, target, "original", MUTANTS[0], "tests/x.py::test_y")
+    assert seen == ["original"] and target.read_text() == "mutated"

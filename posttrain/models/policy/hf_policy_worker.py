@@ -82,7 +82,8 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
             with self.model.disable_adapter():
                 yield self.model
         else:
-            yield self.reference if reference else self.model
+            with super()._scoring_model(reference) as model:
+                yield model
 
     def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
         return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, S, V]

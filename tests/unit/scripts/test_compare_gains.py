@@ -34,6 +34,14 @@ def test_mean_gains_over_runs_are_compared(tmp_path, gap, code) -> None:
     assert "gain 0.250 (runs 0.200, 0.300) vs 0.220 (runs 0.220, 0.220): |difference| 0.030" in result.stdout
 
 
+def test_an_infinite_gap_reports_the_gains_without_a_verdict(tmp_path) -> None:
+    a, b = metrics(tmp_path, "a", [0.4, 0.5, 0.5, 0.5]), metrics(tmp_path, "b", [0.4, 0.9, 0.9, 0.9])
+    result = compare("inf", [a], [b])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("held-out accuracy gain 0.100 (runs 0.100) vs 0.500 (runs 0.500)")
+    assert "PASS" not in result.stdout and "FAIL" not in result.stdout
+
+
 def test_evaluations_are_ordered_by_step_not_by_text(tmp_path) -> None:
     # steps "100" < "50" as text: the gain must read step 0 first and step 100 last
     path = tmp_path / "m.json"
