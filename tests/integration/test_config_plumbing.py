@@ -243,6 +243,25 @@ def policy_backend(runner: Runner, _) -> None:
     assert runner.ip.recorder.ray_init == []
 
 
+def lora(runner: Runner, _) -> None:
+    """policy.lora.* reach peft through a loaded config: adapters of that rank, scaling and
+    dropout on exactly the named layers, and only they train; the weights the engine gets
+    differ from the base model's after training (rank 0: no adapters)."""
+    run = runner.sft("policy.lora.rank=2", "policy.lora.alpha=3.0", "policy.lora.dropout=0.25",
+                     "policy.lora.target_modules=[q_proj,v_proj]")
+    impl = run.workers("policy")[0].impl
+    layers = {n: m for n, m in impl.model.named_modules() if hasattr(m, "lora_A")}
+    assert {n.rsplit(".", 1)[-1] for n in layers} == {"q_proj", "v_proj"}
+    for layer in layers.values():
+        assert layer.lora_A["default"].weight.shape[0] == 2
+        assert layer.scaling["default"] == pytest.approx(1.5) and layer.lora_dropout["default"].p == 0.25
+    assert impl.parameter_counts()[0] == sum(p.numel() for m in layers.values()
+                                             for p in (*m.lora_A.parameters(), *m.lora_B.parameters()))
+    assert max_weight_gap(impl.get_weights(), run.calls("policy", "train")[0].weights_before) > 0
+    plain = runner.sft("policy.lora.rank=0").workers("policy")[0].impl
+    assert not any(hasattr(m, "lora_A") for m in plain.model.modules())
+
+
 # --- the weight-sync probe -------------------------------------------------------------------
 
 
@@ -580,6 +599,7 @@ PROOFS: dict[str, Callable] = {
     "model.path": model_path, **{key: tiny_model for key in TINY},
     "policy.train_micro_batch_size": micro_batch, "policy.logprob_batch_size": logprob_batch,
     "policy.num_threads": policy_threads, "policy.backend": policy_backend,
+    **{f"policy.lora.{key}": lora for key in ("rank", "alpha", "dropout", "target_modules")},
     "cluster.address": ray_start, "cluster.num_cpus": ray_start, "cluster.num_gpus": ray_start,
     "cluster.cpus_per_worker": cpus_per_worker, "cluster.gpus_per_worker": gpus_per_worker,
     "logger.log_dir": log_dir, "logger.print_period": print_period, "checkpoint.save_path": save_path,
