@@ -8,8 +8,8 @@ Usage:
         'mean(data["train/reward_mean"], -20) > mean(data["train/reward_mean"], 1, 21)'
 
 A rule is an expression over ``data`` (metric -> step -> value) with the helpers min, max,
-mean(values, range_start=1, range_end=0, ignore_top_p=0.0), median, ratio_above(values,
-threshold), all_finite, first, last, last_step, std, slope, abs, len, round. Rules are
+mean(values, range_start=1, range_end=0, ignore_top_p=0.0), median(values, range_start=1,
+range_end=0), ratio_above(values, threshold), all_finite, first, last, last_step, std, slope, abs, len, round. Rules are
 parsed and interpreted (tests/metric_rules.py), never eval'd. docs/testing.md ("Rules")
 documents the language, the vacuity check, packs and margins.
 

@@ -102,13 +102,18 @@ def max(*values: Any) -> float:
     return builtins.max(_numbers(values))
 
 
-def median(values: Any) -> float:
-    """Median of a metric's values (``statistics.median``: the mean of the middle two when even).
+def median(values: Any, range_start: int = 1, range_end: int = 0) -> float:
+    """Median over the steps in ``[range_start, range_end)`` (``statistics.median``: the mean
+    of the middle two when even), with :func:`mean`'s range semantics: step numbers,
+    1-indexed, end-exclusive, negative bounds (and ``range_end <= 0``) counted back from the
+    last logged step, step 0 only with ``range_start=0``. NeMo-RL's functional scripts use
+    this form (``median(data["timing/train/total_step_time"], 2) < 10``).
 
     Raises:
-        statistics.StatisticsError: no values.  NonFiniteError: a value is NaN/inf.
+        ValueError: no logged step in the range.  NonFiniteError: a value is NaN/inf.
     """
-    return statistics.median(finite_series(values).step_values)
+    _, vals = _window(finite_series(values), range_start, range_end)
+    return statistics.median(vals)
 
 
 def ratio_above(values: Any, threshold: float) -> float:

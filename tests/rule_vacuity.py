@@ -6,10 +6,18 @@ alternating noise, ramps up and down, a NaN) and structure (the last step missin
 first half only, the first step only, a step the rule names missing, a middle step
 missing, the metric absent). A rule that still passes on every stand-in is VACUOUS.
 
-Two stand-ins are special: a NaN, and the metric absent, already fail every rule that
-reads them, through the engine. They count only when the rule itself says no
-(``all_finite`` finds the NaN; ``"m" in data`` is False), so ``all_finite(...)`` and
-``"train/loss" in data`` are sound while ``min(x) >= min(x)`` stays vacuous. Stand-ins are
+"Huge" is relative to the metric: ``HUGE_FACTOR`` (1e3) times its observed scale, the
+largest of 1, its largest absolute value and its range (:func:`huge`). A bound no plausible
+run of the metric reaches - ``max(data["train/loss"]) < 1e29`` for a loss of order 1 - is
+therefore never crossed by a stand-in either, and the rule is VACUOUS: it could only catch
+a value a thousand times beyond anything the run showed.
+
+Three stand-ins are special: a NaN, the metric absent, and a run of one step already fail
+every rule that reads them through some helper (a NaN, a missing key, ``slope`` of one
+point). They count only when the rule itself says no (``all_finite`` finds the NaN;
+``"m" in data`` is False; ``len(x) >= 2`` is False), so ``all_finite(...)`` and
+``"train/loss" in data`` are sound while ``min(x) >= min(x)`` and ``abs(slope(x)) < 1e29``
+stay vacuous. Stand-ins are
 never empty (every rule fails on an empty metric anyway).
 
 Stand-in values are clipped to the metric's known range (``METRIC_DOMAINS``): a clip
@@ -27,7 +35,7 @@ from typing import Any
 from metric_rules import Evaluation, evaluate
 from rule_series import Series
 
-HUGE = 1e30
+HUGE_FACTOR = 1e3  # stand-in magnitude, in units of the metric's observed scale
 MAX_NAMED_STEPS = 8  # steps a rule names, each tried missing on its own
 
 # Known ranges of the metrics posttrain logs: (exact name or prefix ending in "/", low, high).
@@ -75,23 +83,31 @@ def domain(metric: str) -> tuple[float, float]:
     return -math.inf, math.inf
 
 
-def _ramp(n: int) -> list[float]:
-    return [HUGE * i / (n - 1) for i in range(n)] if n > 1 else [0.0]
+def huge(real: Series | float) -> float:
+    """The stand-ins' magnitude for a metric: ``HUGE_FACTOR`` x max(1, largest |value|,
+    largest - smallest) over its finite real values (1 when it has none)."""
+    values = [v for v in (real.step_values if isinstance(real, Series) else [real]) if math.isfinite(v)]
+    spread = max(values) - min(values) if values else 0.0
+    return HUGE_FACTOR * max([1.0, spread, *(abs(v) for v in values)])
 
 
-# name -> values of the stand-in from the real values (same steps)
+def _ramp(n: int, big: float) -> list[float]:
+    return [big * i / (n - 1) for i in range(n)] if n > 1 else [0.0]
+
+
+# name -> values of the stand-in from the real values (same steps) and the metric's huge()
 # fmt: off
-VALUE_KINDS: dict[str, Callable[[Sequence[float]], list[float]]] = {
-    "zeros": lambda v: [0.0] * len(v),
-    "constant 1e30": lambda v: [HUGE] * len(v),
-    "constant -1e30": lambda v: [-HUGE] * len(v),
-    "reversed": lambda v: list(v)[::-1],
-    "alternating +-1e30": lambda v: [HUGE if i % 2 else -HUGE for i in range(len(v))],
-    "ramp up": lambda v: _ramp(len(v)),
-    "ramp down": lambda v: _ramp(len(v))[::-1],
+VALUE_KINDS: dict[str, Callable[[Sequence[float], float], list[float]]] = {
+    "zeros": lambda v, big: [0.0] * len(v),
+    "constant huge": lambda v, big: [big] * len(v),
+    "constant -huge": lambda v, big: [-big] * len(v),
+    "reversed": lambda v, big: list(v)[::-1],
+    "alternating +-huge": lambda v, big: [big if i % 2 else -big for i in range(len(v))],
+    "ramp up": lambda v, big: _ramp(len(v), big),
+    "ramp down": lambda v, big: _ramp(len(v), big)[::-1],
 }
 # fmt: on
-_NUMBER_KINDS = ("zeros", "constant 1e30", "constant -1e30")
+_NUMBER_KINDS = ("zeros", "constant huge", "constant -huge")
 
 
 def _clipped(values: list[float], metric: str) -> list[float]:
@@ -104,8 +120,8 @@ def _clipped(values: list[float], metric: str) -> list[float]:
 def _value_stand_in(kind: str, metric: str, real: Series | float) -> Series | float | None:
     """The ``kind`` stand-in for one metric, clipped to its domain; None when it does not apply."""
     if not isinstance(real, Series):  # a plain number
-        return _clipped(VALUE_KINDS[kind]([real]), metric)[0] if kind in _NUMBER_KINDS else None
-    return Series(real.steps, _clipped(VALUE_KINDS[kind](real.step_values), metric))
+        return _clipped(VALUE_KINDS[kind]([real], huge(real)), metric)[0] if kind in _NUMBER_KINDS else None
+    return Series(real.steps, _clipped(VALUE_KINDS[kind](real.step_values, huge(real)), metric))
 
 
 def _nan_stand_in(real: Series | float) -> Series | float:
@@ -128,7 +144,9 @@ def _structure_stand_ins(metric: str, real: Series, named: frozenset[str]) -> It
         return
     yield StandIn(f"{metric}: last step missing", {metric: Series(steps[:-1], real.step_values[:-1])})
     yield StandIn(f"{metric}: first half only", {metric: Series(steps[: n // 2], real.step_values[: n // 2])})
-    yield StandIn(f"{metric}: first step only", {metric: Series(steps[:1], real.step_values[:1])})
+    # universal: a one-step series makes every two-point helper (slope) raise, whatever the rule
+    # says, so only the rule's own verdict counts (``len(x) >= 2`` says no to it itself)
+    yield StandIn(f"{metric}: first step only", {metric: Series(steps[:1], real.step_values[:1])}, universal=True)
     named_steps = sorted(int(k) for k in named if k.isdigit() and k in real)
     for step in named_steps[:MAX_NAMED_STEPS]:
         yield StandIn(f"{metric}: step {step} missing", {metric: _without(real, {step})})
@@ -200,7 +218,7 @@ def check_vacuity(data: Mapping[str, Any], tree: ast.Expression, reads: Mapping[
             return Vacuity(False, f"fails on stand-in: {stand_in.name}", tried)
     metrics = ", ".join(sorted(m for m in reads if m in data))
     reason = (
-        f"passes on all {tried} stand-ins for {metrics} (zeros, +-1e30, reversed, noise, ramps, "
-        "NaN, missing steps, shorter runs): cannot catch a broken run"
+        f"passes on all {tried} stand-ins for {metrics} (zeros, +-{HUGE_FACTOR:g} x the observed scale, "
+        "reversed, noise, ramps, NaN, missing steps, shorter runs): cannot catch a broken run"
     )
     return Vacuity(True, reason, tried)

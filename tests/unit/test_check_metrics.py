@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -73,11 +72,24 @@ class TestMinMaxMedian:
         assert median({"1": 9.0, "2": 1.0, "3": 5.0}) == 5.0
         assert median({"1": 4.0, "2": 1.0, "3": 2.0, "4": 10.0}) == 3.0
 
+    def test_median_takes_means_step_range(self):
+        # NeMo-RL's form: median(data["timing/train/total_step_time"], 2) reads steps 2.. only
+        d = {"0": 100.0, "1": 50.0, "2": 1.0, "3": 2.0, "4": 3.0, "5": 40.0}
+        assert median(d) == 3.0  # steps 1..5: step 0 (the eval before training) left out, as mean does
+        assert median(d, 0) == 21.5  # steps 0..5: (3 + 40) / 2
+        assert median(d, 2) == 2.5  # steps 2..5
+        assert median(d, 2, 5) == 2.0  # steps 2, 3, 4
+        assert median(d, -2) == 21.5  # the last two steps: 4, 5
+        assert median(d, 1, -1) == 2.5  # through the second-to-last step: 1..4
+        assert metric_rules.evaluate_rule({"t": d}, 'median(data["t"], 2) < 10').status == "PASS"
+
     def test_empty_raises(self):
         with pytest.raises(ValueError):
             metric_rules.min({})
-        with pytest.raises(statistics.StatisticsError):
+        with pytest.raises(ValueError):
             median({})
+        with pytest.raises(ValueError, match=r"no steps in \[7, 9\)"):
+            median({"1": 1.0, "2": 2.0}, 7, 9)
 
     @pytest.mark.parametrize("helper", [metric_rules.min, metric_rules.max, median])
     def test_nan_inside_is_an_error_not_skipped(self, helper):
