@@ -75,15 +75,35 @@ def _disallowed(node: ast.AST) -> str | None:
     return None
 
 
-def _check_tree(node: ast.AST, rule: str) -> None:
+def _check_tree(node: ast.AST, quoted: str) -> None:
     """Raise RuleError for the first disallowed node (a Call's ``func`` is checked by
     :func:`_disallowed`, not visited: helper names are allowed only as callees)."""
     reason = _disallowed(node)
     if reason:
-        raise RuleError(f"rule {rule!r}: {reason}")
+        raise RuleError(f"rule {quoted}: {reason}")
     children = [*node.args, *node.keywords] if isinstance(node, ast.Call) else ast.iter_child_nodes(node)
     for child in children:
-        _check_tree(child, rule)
+        _check_tree(child, quoted)
+
+
+MAX_RULE_CHARS = 2000  # the longest real rule is ~120; the parser's memory grows with nesting
+MAX_DEPTH = 64  # expression nesting the (recursive) interpreter is asked to follow
+
+
+def shown(rule: str, limit: int = 100) -> str:
+    """``rule`` as an error message quotes it: repr, cut to ``limit`` characters."""
+    text = repr(rule)
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
+
+
+def _depth(tree: ast.AST) -> int:
+    """Nesting depth of ``tree``, walked without recursion."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 def compile_rule(rule: str) -> ast.Expression:
@@ -98,13 +118,25 @@ def compile_rule(rule: str) -> ast.Expression:
     Raises:
         RuleError: a syntax error or a disallowed construct (attribute access, names
             other than ``data``/helpers, lambdas, comprehensions, f-strings, starred
-            arguments, dunder strings, unknown helper keywords, ...).
+            arguments, dunder strings, unknown helper keywords, ...); text that is not
+            UTF-8 (bytes a shell passed through undecoded), longer than
+            ``MAX_RULE_CHARS`` or nested deeper than ``MAX_DEPTH``. The message is one line
+            and quotes at most the first 100 characters of the rule.
     """
     try:
+        rule.encode("utf-8")
+    except UnicodeEncodeError as e:
+        byte = rule[e.start].encode("utf-8", "surrogateescape")
+        raise RuleError(f"rule {shown(rule)}: not UTF-8 text (byte 0x{byte.hex()} at character {e.start})") from None
+    if len(rule) > MAX_RULE_CHARS:
+        raise RuleError(f"rule {shown(rule)}: {len(rule)} characters, more than the {MAX_RULE_CHARS} allowed")
+    try:
         tree = ast.parse(rule, mode="eval")
-        _check_tree(tree, rule)
     except SyntaxError as e:
-        raise RuleError(f"rule {rule!r}: invalid syntax ({e.msg})") from None
-    except RecursionError:
-        raise RuleError(f"rule {rule!r}: nested too deeply") from None
+        raise RuleError(f"rule {shown(rule)}: invalid syntax ({e.msg})") from None
+    except (RecursionError, MemoryError):
+        raise RuleError(f"rule {shown(rule)}: nested too deeply to parse") from None
+    if _depth(tree) > MAX_DEPTH:
+        raise RuleError(f"rule {shown(rule)}: nested more than {MAX_DEPTH} levels deep")
+    _check_tree(tree, shown(rule))
     return tree

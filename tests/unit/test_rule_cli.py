@@ -181,3 +181,30 @@ class TestNothingRuns:
         assert "not allowed" in proc.stderr and "Traceback" not in proc.stderr
         assert "Metric Checks" not in proc.stdout
         assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("rule", "says"),
+    [
+        ("(" * 3000 + "1" + ")" * 3000 + " < 2", "6005 characters, more than the 2000 allowed"),
+        ("-" * 1500 + "1 < 2", "nested more than 64 levels deep"),  # the parser alone copes
+        ("1" + "+1" * 200 + " < 2", "nested more than 64 levels deep"),
+        ("(" * 250 + "1" + ")" * 250 + " < 2", "too many nested parentheses"),
+    ],
+    ids=["too-long", "deep-unary", "deep-sum", "parser-limit"],
+)
+def test_pathological_rules_are_one_line_exit_2(metrics, rule, says) -> None:
+    proc = subprocess.run([sys.executable, str(CLI), str(metrics), rule], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert says in proc.stderr and "Traceback" not in proc.stderr and "Error:" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and len(proc.stderr) < 300
+
+
+def test_a_rule_that_is_not_utf8_is_one_line_exit_2(metrics) -> None:
+    # bytes a shell passes through undecoded reach Python as lone surrogates
+    rule = b'max(data["train/loss"]) < 2 \xff'
+    proc = subprocess.run([sys.executable.encode(), str(CLI).encode(), str(metrics).encode(), rule],
+                          capture_output=True, timeout=60)
+    stderr = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 2, stderr
+    assert "not UTF-8 text (byte 0xff at character 28)" in stderr and "Traceback" not in stderr
