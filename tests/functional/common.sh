@@ -5,7 +5,8 @@
 #   run_job <script.py> args...      # runs an examples/ entry point, times it into $WORK/times.txt
 #   config_value <yaml> <key> [key.sub=value ...]   # a config value after the overrides (num_steps)
 #   check_run <log_dir> --expect-steps N [--pack P] <rules...>
-#                                    # TensorBoard -> $WORK/metrics.json -> tests/check_metrics.py
+#                                    # <log_dir>/metrics.json (the logger's) -> tests/check_metrics.py;
+#                                    # sets METRICS to that file for the script's later steps
 #   grpo_functional <name> [key.sub=value ...]   # SFT warm start -> GRPO -> the GRPO rules
 #   require_gpus N                   # exit 2 with "needs N GPU(s), found M" when fewer are present
 #   require_extra <extra> <module> "$@"   # re-run the calling script under `uv run --extra <extra>`
@@ -83,8 +84,11 @@ check_run() {
     echo "check_run: pass --expect-steps N (the run's num_steps) so that a run that ended early fails" >&2
     return 2
   fi
-  python tests/json_dump_tb_logs.py "$log_dir/tensorboard" --output "$WORK/metrics.json"
-  python tests/check_metrics.py "$WORK/metrics.json" "$@" --output-json "$WORK/check_report.json" --github-summary
+  # The logger's own file (float64, every logged step): the one copy of the run's metrics.
+  # TensorBoard holds the same values in float32; tests/json_dump_tb_logs.py reads those for
+  # runs that have only event files (NeMo-RL's layout).
+  METRICS=$log_dir/metrics.json
+  python tests/check_metrics.py "$METRICS" "$@" --output-json "$WORK/check_report.json" --github-summary
 }
 
 # The GRPO functional test (grpo.sh, grpo_non_colocated.sh differ only in placement):

@@ -13,7 +13,7 @@ lora=(policy.lora.rank=8 policy.lora.alpha=16 policy.lr=1e-3)
 grpo_functional grpo_lora generation.colocated=true "${lora[@]}" "$@"
 
 if [ "${COMPARE_FULL:-0}" = 1 ]; then
-  lora_run=$WORK/metrics.json
+  lora_run=$METRICS
   WARM_START=$WORK/warm_start grpo_functional grpo_lora_full generation.colocated=true "$@"
-  compare_gains inf "$lora_run" "$WORK/metrics.json"
+  compare_gains inf "$lora_run" "$METRICS"
 fi

@@ -21,16 +21,16 @@ megatron=(policy.backend=megatron policy.megatron.precision=fp32 "${shared_gpu[@
 grpo_functional grpo_megatron "${megatron[@]}" "$@"
 
 if [ "${COMPARE_HF:-0}" = 1 ]; then
-  warm=$WORK/warm_start main_seed=${SEED:-0} main_run=$WORK/metrics.json megatron_runs="" hf_runs=""
+  warm=$WORK/warm_start main_seed=${SEED:-0} main_run=$METRICS megatron_runs="" hf_runs=""
   for seed in ${COMPARE_SEEDS:-0 1 2}; do
     if [ "$seed" = "$main_seed" ]; then
       megatron_runs+=" $main_run"  # the run above
     else
       SEED=$seed WARM_START=$warm grpo_functional "grpo_megatron_seed$seed" "${megatron[@]}" "$@"
-      megatron_runs+=" $WORK/metrics.json"
+      megatron_runs+=" $METRICS"
     fi
     SEED=$seed WARM_START=$warm grpo_functional "grpo_megatron_hf_seed$seed" policy.backend=hf "${shared_gpu[@]}" "$@"
-    hf_runs+=" $WORK/metrics.json"
+    hf_runs+=" $METRICS"
   done
   compare_gains "${MAX_GAIN_GAP:-0.05}" "$megatron_runs" "$hf_runs"
 fi

@@ -161,6 +161,19 @@ class TestCommonSh:
         assert proc.returncode == 2 and "--expect-steps" in proc.stderr
         assert not (tmp_path / "metrics.json").exists()
 
+    def test_check_run_checks_the_loggers_metrics_json_and_points_metrics_at_it(self, tmp_path):
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        (logs / "metrics.json").write_text(json.dumps({"train/loss": {"1": 1.0, "2": 0.5}}))
+        rule = "'last(data[\"train/loss\"]) < first(data[\"train/loss\"])'"
+        proc = self.bash(f"WORK={tmp_path}; check_run {logs} --expect-steps 2 {rule} && echo METRICS=$METRICS")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"METRICS={logs / 'metrics.json'}" in proc.stdout
+        (logs / "metrics.json").write_text(json.dumps({"train/loss": {"1": 1.0, "2": 1.5}}))  # not falling
+        assert self.bash(f"WORK={tmp_path}; check_run {logs} --expect-steps 2 {rule}").returncode == 1
+        (logs / "metrics.json").unlink()  # event files alone are not what is checked
+        assert self.bash(f"WORK={tmp_path}; check_run {logs} --expect-steps 2 {rule}").returncode == 2
+
     def test_config_value_applies_the_overrides_like_the_entry_point(self):
         yaml = "examples/configs/grpo_arithmetic.yaml"
         proc = self.bash(
