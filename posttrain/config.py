@@ -18,7 +18,6 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from posttrain.errors import ConfigError
-from posttrain.models.tiny import TinyModelConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # GSM8K (MIT, see its LICENSE) ships with the repository: train 7,473 and test 1,319 problems.
@@ -31,6 +30,22 @@ class Section(BaseModel):
     already give typed scalars, and an int is accepted where a float is expected)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class TinyModelConfig(BaseModel):
+    """Shape of a tiny Qwen2 model built locally (``posttrain.models.tiny``; defaults: ~0.6M
+    parameters with the arithmetic charset). Frozen: its fingerprint keys the build cache."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    charset: Literal["arithmetic", "ascii"] = "arithmetic"
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 256
+    seed: int = 0
 
 
 class ModelConfig(Section):

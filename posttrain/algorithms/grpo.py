@@ -30,6 +30,7 @@ from posttrain.data.datasets import load_problems
 from posttrain.data.sampler import EpochSampler
 from posttrain.data.types import MathProblem
 from posttrain.environments.math_verifier import math_reward
+from posttrain.errors import StaleWeightsError
 from posttrain.models.generation.interfaces import SamplingParams
 from posttrain.ops import masked_mean
 from posttrain.utils.timer import Timer
@@ -84,11 +85,11 @@ def check_on_policy(rollouts: Rollouts, trainer_version: int, step: int) -> None
     """The rollouts must come from the weights being trained (this loop is on-policy).
 
     Raises:
-        RuntimeError: the engine reports another weight version than the trainer's: its
+        StaleWeightsError: the engine reports another weight version than the trainer's: its
             samples would be trained on as if the current policy had drawn them.
     """
     if rollouts.weight_version != trainer_version:
-        raise RuntimeError(f"step {step}: rollouts were sampled with weight version {rollouts.weight_version}, "
+        raise StaleWeightsError(f"step {step}: rollouts were sampled with weight version {rollouts.weight_version}, "
                            f"the trainer is at {trainer_version} (stale engine: off-policy samples)")
 
 

@@ -16,14 +16,10 @@ import torch
 
 from posttrain.config import RefitProbeConfig
 from posttrain.data.batch import make_batch
-from posttrain.errors import PosttrainError
+from posttrain.errors import RefitProbeError
 from posttrain.models.generation.interfaces import Generation
-from posttrain.models.policy.lm_policy import Policy
+from posttrain.models.policy.interfaces import PolicyInterface
 from posttrain.ops import masked_mean
-
-
-class RefitProbeError(PosttrainError):
-    """The engine's logprobs of the probe sequences differ from the trainer's beyond the bound."""
 
 
 def probe_sequences(token_ids: list[int], cfg: RefitProbeConfig) -> tuple[list[list[int]], list[list[int]]]:
@@ -73,7 +69,7 @@ class RefitProbe:
         self.bound = cfg.max_logprob_error
         self.temperature = temperature
 
-    def measure(self, policy: Policy, generation: Generation) -> dict[str, float]:
+    def measure(self, policy: PolicyInterface, generation: Generation) -> dict[str, float]:
         """Score the probe on both sides; the two ``train/refit_*`` metrics of :func:`probe_errors`."""
         batch = make_batch(self.prompts, self.completions, self.pad_id)
         trainer = policy.get_logprobs(batch)  # [B, L]

@@ -13,9 +13,10 @@ from posttrain.algorithms.refit_probe import RefitProbe
 from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig, RunConfig
 from posttrain.data.chat import ChatEncoder
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
-from posttrain.errors import ConfigError
+from posttrain.errors import ConfigError, StaleWeightsError
 from posttrain.models.generation.factory import create_generation, num_bundles, resolve_backend
 from posttrain.models.generation.interfaces import Generation
+from posttrain.models.policy.interfaces import PolicyInterface
 from posttrain.models.policy.lm_policy import Policy, check_backend, num_policy_workers
 from posttrain.models.tiny import build_tiny_model
 from posttrain.utils.logger import MetricsLogger
@@ -164,7 +165,7 @@ def open_run(cfg: RunConfig, seed: int) -> Iterator[tuple[Runtime, MetricsLogger
         rt.shutdown()
 
 
-def refit(policy: Policy, generation: Generation, probe: RefitProbe | None = None) -> dict[str, float]:
+def refit(policy: PolicyInterface, generation: Generation, probe: RefitProbe | None = None) -> dict[str, float]:
     """Copy the policy's weights into the generation engine, check the versions agree, and
     (with a ``probe``) check that the engine now scores like the trainer.
 
@@ -173,7 +174,7 @@ def refit(policy: Policy, generation: Generation, probe: RefitProbe | None = Non
         (empty without a probe).
 
     Raises:
-        RuntimeError: the engine reports a different weight version than the trainer
+        StaleWeightsError: the engine reports a different weight version than the trainer
             (a refit that did not arrive: generation would sample from stale weights).
         RefitProbeError: the probe error is over its bound (stale, partial or misnamed weights).
     """
@@ -181,7 +182,8 @@ def refit(policy: Policy, generation: Generation, probe: RefitProbe | None = Non
     generation.update_weights(policy.get_weights(), version)
     engine_version = generation.weight_version()
     if engine_version != version:
-        raise RuntimeError(f"refit failed: generation engine at weight version {engine_version}, trainer at {version}")
+        raise StaleWeightsError(f"refit failed: generation engine at weight version {engine_version}, "
+                                f"trainer at {version}")
     if probe is None:
         return {}
     metrics = probe.measure(policy, generation)

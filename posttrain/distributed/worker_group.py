@@ -7,15 +7,22 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from posttrain.distributed.ray_cluster import RayVirtualCluster
-from posttrain.errors import PosttrainError, WorkerDiedError
+from posttrain.errors import PosttrainError, WorkerDiedError, WorkerStartError
 
 
-class WorkerStartError(PosttrainError):
-    """A worker's constructor raised (a model it cannot load, a device it does not have, ...)."""
+def get_unwrapped(refs: list[Any]) -> list[Any]:
+    """``ray.get(refs)``, re-raising a worker's :class:`PosttrainError` as itself: its one line
+    reaches the user, not Ray's task traceback around it."""
+    try:
+        return ray.get(refs)
+    except RayTaskError as exc:
+        if isinstance(exc.cause, PosttrainError):
+            raise exc.cause.with_traceback(None) from None
+        raise
 
 
 def creation_error_line(exc: RayActorError) -> str:
@@ -87,9 +94,10 @@ class RayWorkerGroup:
 
         Raises:
             WorkerDiedError: ``"<Class> worker <rank> died during <method>: <reason>"``.
+            PosttrainError: a worker raised one (as itself, see :func:`get_unwrapped`).
         """
         try:
-            return ray.get(refs)
+            return get_unwrapped(refs)
         except RayActorError as exc:
             dead = getattr(exc, "actor_id", None)
             ranks = [r for r, w in enumerate(self.workers) if dead is not None and w._actor_id.hex() == dead]

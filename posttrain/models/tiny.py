@@ -17,10 +17,11 @@ import shutil
 import string
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
-from pydantic import BaseModel, ConfigDict
+
+from posttrain.config import TinyModelConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -47,25 +48,11 @@ CHAT_TEMPLATE = (
 )
 
 
-class TinyModelConfig(BaseModel):
-    """Shape of a tiny Qwen2 model (defaults: ~0.6M parameters with the arithmetic charset)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    charset: Literal["arithmetic", "ascii"] = "arithmetic"
-    hidden_size: int = 128
-    intermediate_size: int = 256
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    max_position_embeddings: int = 256
-    seed: int = 0
-
-    def fingerprint(self) -> str:
-        """Short hash of the config (and the tokenizer recipe): the cache key."""
-        recipe = [self.model_dump(), RECIPE_VERSION, CHAT_TEMPLATE, CHARSETS[self.charset]]
-        payload = json.dumps(recipe, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+def fingerprint(cfg: TinyModelConfig) -> str:
+    """Short hash of the config (and the tokenizer recipe): the cache key."""
+    recipe = [cfg.model_dump(), RECIPE_VERSION, CHAT_TEMPLATE, CHARSETS[cfg.charset]]
+    payload = json.dumps(recipe, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def default_cache_dir() -> Path:
@@ -157,7 +144,7 @@ def build_tiny_model(cfg: TinyModelConfig, cache_dir: Path | None = None) -> Pat
     Returns:
         Path of a directory loadable with ``AutoTokenizer`` / ``AutoModelForCausalLM``.
     """
-    target = (cache_dir or default_cache_dir()) / "tiny" / cfg.fingerprint()
+    target = (cache_dir or default_cache_dir()) / "tiny" / fingerprint(cfg)
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -27,9 +27,8 @@ from pydantic import BaseModel
 from replay import ReplayTrainer, TrainerSpec, max_weight_gap
 
 from posttrain.algorithms import grpo, sft
-from posttrain.algorithms.refit_probe import RefitProbeError
 from posttrain.config import load_config
-from posttrain.errors import ConfigError
+from posttrain.errors import ConfigError, RefitProbeError
 from posttrain.models.generation import factory
 from posttrain.models.generation.interfaces import GenerationOutput
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
+from posttrain.errors import StaleWeightsError
 from posttrain.models.generation.interfaces import GenerationOutput
 
 T = TypeVar("T")
@@ -22,11 +23,11 @@ def agreed_version(versions: Iterable[int], who: str) -> int:
     """The one weight version all engines report.
 
     Raises:
-        RuntimeError: they disagree (a refit reached some engines and not others).
+        StaleWeightsError: they disagree (a refit reached some engines and not others).
     """
     distinct = set(versions)
     if len(distinct) != 1:
-        raise RuntimeError(f"{who} disagree on the weight version: {sorted(distinct)}")
+        raise StaleWeightsError(f"{who} disagree on the weight version: {sorted(distinct)}")
     return distinct.pop()
 
 
@@ -34,7 +35,7 @@ def gather_outputs(outs: Sequence[GenerationOutput], who: str) -> GenerationOutp
     """Concatenate per-shard outputs in shard order; the engines must agree on the weight version.
 
     Raises:
-        RuntimeError: see :func:`agreed_version`.
+        StaleWeightsError: see :func:`agreed_version`.
     """
     return GenerationOutput(
         completion_ids=[c for o in outs for c in o.completion_ids],

@@ -8,7 +8,7 @@ import pytest
 
 from posttrain.algorithms.runtime import setup_runtime
 from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig
-from posttrain.distributed.worker_group import WorkerStartError
+from posttrain.errors import WorkerStartError
 
 
 def test_unloadable_weights_fail_at_setup_in_one_line(ray_cluster, tiny_model_path, tmp_path):

@@ -4,8 +4,8 @@ import pytest
 import ray
 
 from posttrain.distributed.ray_cluster import RayVirtualCluster
-from posttrain.distributed.worker_group import RayWorkerGroup, WorkerStartError
-from posttrain.errors import ConfigError
+from posttrain.distributed.worker_group import RayWorkerGroup
+from posttrain.errors import ConfigError, WorkerStartError
 
 
 @ray.remote
@@ -22,6 +22,12 @@ class Echo:
     def add(self, xs: list[int], ys: list[int], scale: int = 1) -> list[int]:
         return [scale * (x + y) for x, y in zip(xs, ys, strict=True)]
 
+    def refuse(self) -> None:
+        raise ConfigError("checkpoint 'x' holds no LoRA adapter")
+
+    def crash(self) -> None:
+        raise KeyError("not a posttrain error")
+
 
 def test_worker_group_fans_out_in_rank_order(ray_cluster):
     cluster = RayVirtualCluster(2, num_cpus=0.5)
@@ -35,6 +41,12 @@ def test_worker_group_fans_out_in_rank_order(ray_cluster):
             group.run_sharded("double", [[1], [2], [3]])
         with pytest.raises(ValueError, match="1 shards for 2 workers"):
             group.run_sharded("add", [[1], [2]], [[1]])
+        # a worker's one-line error reaches the driver as itself, not inside Ray's traceback
+        with pytest.raises(ConfigError) as refused:
+            group.run_all("refuse")
+        assert type(refused.value) is ConfigError and str(refused.value) == "checkpoint 'x' holds no LoRA adapter"
+        with pytest.raises(ray.exceptions.RayTaskError):  # anything else stays Ray's, with its traceback
+            group.run_all("crash")
     finally:
         group.shutdown()
         cluster.shutdown()

@@ -7,11 +7,10 @@ from typing import Any
 
 import ray
 import torch
-from ray.exceptions import RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from posttrain.distributed.ray_cluster import RayVirtualCluster
-from posttrain.errors import PosttrainError
+from posttrain.distributed.worker_group import get_unwrapped
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.models.generation.sharding import agreed_version, contiguous_shards, gather_outputs
 from posttrain.models.generation.vllm.vllm_generation_worker import VllmGenerationWorker
@@ -57,20 +56,9 @@ class VllmGeneration:
             for rank, p in enumerate(placements)
         ]
         try:
-            self._get([w.start.remote() for w in self.workers])
+            get_unwrapped([w.start.remote() for w in self.workers])
         except BaseException:
             self.shutdown()
-            raise
-
-    @staticmethod
-    def _get(refs: list[Any]) -> list[Any]:
-        """``ray.get``, re-raising a worker's one-line error as itself (not wrapped in a traceback)."""
-        try:
-            return ray.get(refs)
-        except RayTaskError as exc:
-            cause = exc.cause
-            if isinstance(cause, PosttrainError):
-                raise type(cause)(str(cause)) from None
             raise
 
     def wait_ready(self) -> None:
@@ -80,12 +68,12 @@ class VllmGeneration:
         """Split ``prompts`` into contiguous shards, one per engine, and gather in order.
 
         Raises:
-            RuntimeError: the engines report different weight versions; or (from a worker,
+            StaleWeightsError: the engines report different weight versions; or (from a worker,
                 wrapped by Ray) an engine is labelled or stamped with another version than
                 the one it was last given.
         """
         shards = contiguous_shards(prompts, len(self.workers))
-        outs = self._get([w.generate.remote(s, params) for w, s in zip(self.workers, shards, strict=True)])
+        outs = get_unwrapped([w.generate.remote(s, params) for w, s in zip(self.workers, shards, strict=True)])
         return gather_outputs(outs, WHO)
 
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
@@ -93,20 +81,20 @@ class VllmGeneration:
         n = len(self.workers)
         shards = zip(self.workers, contiguous_shards(prompts, n), contiguous_shards(completions, n), strict=True)
         refs = [w.score.remote(p, c, temperature) for w, p, c in shards]
-        return [row for rows in self._get(refs) for row in rows]
+        return [row for rows in get_unwrapped(refs) for row in rows]
 
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Refit: put the weights in the object store once; every engine loads them in place."""
         ref = ray.put(weights)
-        self._get([w.update_weights.remote(ref, version) for w in self.workers])
+        get_unwrapped([w.update_weights.remote(ref, version) for w in self.workers])
 
     def weight_version(self) -> int:
         """The engines' weight version.
 
         Raises:
-            RuntimeError: the engines disagree.
+            StaleWeightsError: the engines disagree.
         """
-        return agreed_version(self._get([w.weight_version.remote() for w in self.workers]), WHO)
+        return agreed_version(get_unwrapped([w.weight_version.remote() for w in self.workers]), WHO)
 
     def shutdown(self) -> None:
         """Kill every engine actor (their bundles stay with the cluster)."""

@@ -20,13 +20,9 @@ from typing import Any
 import ray
 import torch
 
-from posttrain.errors import PosttrainError
+from posttrain.errors import EngineStartError, StaleWeightsError
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.models.generation.vllm.engine_memory import check_fits, free_memory, kv_cache_bytes, kv_cache_shape
-
-
-class EngineStartError(PosttrainError):
-    """The vLLM engine did not start (bad model directory, not enough memory, ...)."""
 
 
 def first_line(exc: BaseException) -> str:
@@ -144,7 +140,7 @@ class VllmGenerationWorkerImpl:
         """Sample one completion per prompt; see :class:`posttrain.models.generation.interfaces.Generation`.
 
         Raises:
-            RuntimeError: (one line, naming both versions) the engine is labelled with another
+            StaleWeightsError: (one line, naming both versions) the engine is labelled with another
                 weight version than the one this worker was last given, or a completion was
                 stamped with another version, with several, or with none.
         """
@@ -166,7 +162,7 @@ class VllmGenerationWorkerImpl:
             # vLLM stamps every sampled token; no stamp would mean nothing was checked.
             stamped = {span.version for span in sample.weight_versions or []}
             if stamped != {str(expected)}:
-                raise RuntimeError(f"vLLM stamped a completion with weight versions {sorted(stamped)}, "
+                raise StaleWeightsError(f"vLLM stamped a completion with weight versions {sorted(stamped)}, "
                                    f"but this worker was last given version {expected}")
         return GenerationOutput(completions, logprobs, version)
 
@@ -174,12 +170,12 @@ class VllmGenerationWorkerImpl:
         """The engine's weight-version label, which must be ``expected``.
 
         Raises:
-            RuntimeError: it is not (the engine was relabelled behind this worker's back, or
+            StaleWeightsError: it is not (the engine was relabelled behind this worker's back, or
                 missed a label update).
         """
         label = self.weight_version()
         if label != expected:
-            raise RuntimeError(f"vLLM engine is labelled weight version {label}, "
+            raise StaleWeightsError(f"vLLM engine is labelled weight version {label}, "
                                f"but this worker was last given version {expected}")
         return label
 

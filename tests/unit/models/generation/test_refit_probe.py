@@ -7,10 +7,10 @@ import pytest
 import torch
 from refit_helpers import DropOneTensor, train_step
 
-from posttrain.algorithms.refit_probe import RefitProbe, RefitProbeError, probe_errors, probe_sequences
+from posttrain.algorithms.refit_probe import RefitProbe, probe_errors, probe_sequences
 from posttrain.algorithms.runtime import refit
 from posttrain.config import GenerationConfig, RefitProbeConfig
-from posttrain.errors import ConfigError
+from posttrain.errors import ConfigError, RefitProbeError
 from posttrain.models.generation.factory import num_bundles, resolve_backend
 
 

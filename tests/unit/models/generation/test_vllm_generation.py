@@ -15,11 +15,10 @@ import pytest
 import ray
 import torch
 
-from posttrain.algorithms.refit_probe import RefitProbeError
 from posttrain.algorithms.runtime import refit, setup_runtime
 from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig
 from posttrain.data.batch import make_batch
-from posttrain.errors import ConfigError
+from posttrain.errors import ConfigError, RefitProbeError
 from posttrain.models.generation.interfaces import SamplingParams
 
 pytestmark = pytest.mark.vllm
@@ -274,8 +273,8 @@ def test_refit_fails_its_version_check_when_the_engine_drops_the_new_label(rt):
 
 
 def test_engine_start_up_failures_are_one_line(rt, tmp_path):
+    from posttrain.errors import EngineStartError
     from posttrain.models.generation.vllm.vllm_generation import EnginePlacement, VllmGeneration
-    from posttrain.models.generation.vllm.vllm_generation_worker import EngineStartError
 
     cfg = {"max_model_len": 64, "max_num_seqs": 8, "device": "cpu", "sleep_when_idle": False, "seed": 0}
     placement = [EnginePlacement(0, num_cpus=0.0)]
