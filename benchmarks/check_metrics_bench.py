@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from metric_rules import load_metrics  # noqa: E402  (tests/ is not a package)
-from rule_checker import CheckOptions, RuleSpec, run_checks  # noqa: E402
+from posttrain.testing.rules.checker import CheckOptions, RuleSpec, run_checks  # noqa: E402
+from posttrain.testing.rules.interpreter import load_metrics  # noqa: E402  (tests/ is not a package)
 
 # Rule templates over one metric ``m``; all pass on the synthetic series below.
 SOUND_TEMPLATES = (

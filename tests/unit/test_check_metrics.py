@@ -1,4 +1,4 @@
-"""Tests for tests/metric_rules.py (the rule engine) and tests/check_metrics.py (its CLI)."""
+"""Tests for posttrain/testing/rules/interpreter.py (the rule engine) and check_metrics.py (its CLI)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import check_metrics
-import metric_rules
 import pytest
-from metric_rules import (
+
+from posttrain.testing import check_metrics as check_metrics
+from posttrain.testing.rules import interpreter as metric_rules
+from posttrain.testing.rules.interpreter import (
     MetricsFileError,
     RuleError,
     RuleEvalError,
@@ -62,11 +63,11 @@ def metrics_file(tmp_path: Path) -> Path:
 class TestMinMaxMedian:
     def test_over_step_dict_list_and_numbers(self):
         d = {"1": 5.0, "2": 2.0, "3": 8.0, "4": 1.0}
-        assert metric_rules.min(d) == 1.0
-        assert metric_rules.max(d) == 8.0
-        assert metric_rules.min([3.0, -1.0]) == -1.0
-        assert metric_rules.max(3, 7.5, 2) == 7.5
-        assert metric_rules.max(4.25) == 4.25
+        assert metric_rules.metric_min(d) == 1.0
+        assert metric_rules.metric_max(d) == 8.0
+        assert metric_rules.metric_min([3.0, -1.0]) == -1.0
+        assert metric_rules.metric_max(3, 7.5, 2) == 7.5
+        assert metric_rules.metric_max(4.25) == 4.25
 
     def test_median_odd_and_even(self):
         assert median({"1": 9.0, "2": 1.0, "3": 5.0}) == 5.0
@@ -85,13 +86,13 @@ class TestMinMaxMedian:
 
     def test_empty_raises(self):
         with pytest.raises(ValueError):
-            metric_rules.min({})
+            metric_rules.metric_min({})
         with pytest.raises(ValueError):
             median({})
         with pytest.raises(ValueError, match=r"no steps in \[7, 9\)"):
             median({"1": 1.0, "2": 2.0}, 7, 9)
 
-    @pytest.mark.parametrize("helper", [metric_rules.min, metric_rules.max, median])
+    @pytest.mark.parametrize("helper", [metric_rules.metric_min, metric_rules.metric_max, median])
     def test_nan_inside_is_an_error_not_skipped(self, helper):
         # builtin min() silently skips a NaN in the middle; a NaN must never pass.
         with pytest.raises(RuleEvalError, match=r"step '2' is nan"):

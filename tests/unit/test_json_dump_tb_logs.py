@@ -1,4 +1,4 @@
-"""Tests for tests/json_dump_tb_logs.py, with real event files from SummaryWriter."""
+"""Tests for posttrain/testing/tb_to_json.py, with real event files from SummaryWriter."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import json_dump_tb_logs
-import metric_rules
 import pytest
-from json_dump_tb_logs import dump_tb_logs
 from torch.utils.tensorboard import SummaryWriter
+
+from posttrain.testing import tb_to_json as json_dump_tb_logs
+from posttrain.testing.rules import interpreter as metric_rules
+from posttrain.testing.tb_to_json import dump_tb_logs
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 

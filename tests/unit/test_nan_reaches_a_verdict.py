@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import check_metrics
-import json_dump_tb_logs
 import pytest
-from rule_packs import pack_rules
 from test_rule_real_runs import FIXTURES, resolved_args
 
+from posttrain.testing import check_metrics as check_metrics
+from posttrain.testing import tb_to_json as json_dump_tb_logs
+from posttrain.testing.rules.packs import pack_rules
 from posttrain.utils.logger import MetricsLogger
 
 Metrics = dict[str, dict[int, float]]  # metric -> step -> value

@@ -1,12 +1,13 @@
-"""Tests for tests/rule_checker.py: how evaluations become PASS, WARN, FAIL, VACUOUS, SKIP."""
+"""Tests for posttrain/testing/rules/checker.py: how evaluations become PASS, WARN, FAIL, VACUOUS, SKIP."""
 
 from __future__ import annotations
 
-import metric_rules
 import pytest
-from metric_rules import RuleError
-from rule_checker import CheckOptions, RuleSpec, normalize, run_checks
-from rule_series import Series
+
+from posttrain.testing.rules import interpreter as metric_rules
+from posttrain.testing.rules.checker import CheckOptions, RuleSpec, normalize, run_checks
+from posttrain.testing.rules.interpreter import RuleError
+from posttrain.testing.rules.series import Series
 
 DATA = {
     "train/loss": {str(s): 2.0 - 0.1 * s for s in range(1, 11)},
@@ -91,7 +92,7 @@ def test_skip_is_not_evaluated():
 
 def test_bad_rule_stops_everything_before_evaluation(monkeypatch):
     calls = []
-    monkeypatch.setattr("rule_checker.evaluate", lambda *a: calls.append(a))
+    monkeypatch.setattr("posttrain.testing.rules.checker.evaluate", lambda *a: calls.append(a))
     with pytest.raises(RuleError, match="attribute access"):
         run_checks(DATA, [RuleSpec("1 < 2"), RuleSpec("data.keys()")], CheckOptions())
     assert calls == []

@@ -1,4 +1,4 @@
-"""Tests for the flags issue 3 added to tests/check_metrics.py, and every exit code.
+"""Tests for the flags issue 3 added to posttrain/testing/check_metrics.py, and every exit code.
 
 Exit codes: 0 every rule passed (WARN/SKIP allowed), 1 a rule failed or is vacuous, 2 usage
 error. ``check_metrics.main`` is called in-process; a few tests run the script as CI does.
@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import check_metrics
 import pytest
+
+from posttrain.testing import check_metrics as check_metrics
 
 CLI = Path(__file__).resolve().parents[1] / "check_metrics.py"
 LOSS_FALLS = 'mean(data["train/loss"], -3) < mean(data["train/loss"], 1, 4)'

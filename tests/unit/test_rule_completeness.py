@@ -1,9 +1,9 @@
-"""Tests for tests/rule_completeness.py: ``--expect-steps`` decisions."""
+"""Tests for posttrain/testing/rules/completeness.py: ``--expect-steps`` decisions."""
 
 from __future__ import annotations
 
-from rule_checker import normalize
-from rule_completeness import check_completeness, last_logged_step, run_progress
+from posttrain.testing.rules.checker import normalize
+from posttrain.testing.rules.completeness import check_completeness, last_logged_step, run_progress
 
 
 def steps(*numbers: int) -> dict[str, float]:

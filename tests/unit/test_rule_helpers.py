@@ -1,4 +1,4 @@
-"""Tests for tests/rule_helpers.py (the helpers issue 3 added) and tests/rule_series.py."""
+"""Tests for posttrain/testing/rules/helpers.py (the helpers issue 3 added) and posttrain/testing/rules/series.py."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import random
 import statistics
 
 import pytest
-from metric_rules import evaluate_rule
-from rule_errors import FinitenessCheckFailed, NonFiniteError
-from rule_helpers import all_finite, exact_mean, first, last, last_step, mean, round_, slope, std
-from rule_series import Series, as_series
+
+from posttrain.testing.rules.errors import FinitenessCheckFailed, NonFiniteError
+from posttrain.testing.rules.helpers import all_finite, exact_mean, first, last, last_step, mean, round_, slope, std
+from posttrain.testing.rules.interpreter import evaluate_rule
+from posttrain.testing.rules.series import Series, as_series
 
 ONE_TO_TEN = {str(i): float(i) for i in range(1, 11)}
 # steps 6 and 7 lost (crash after the step-5 checkpoint, resumed at 8)

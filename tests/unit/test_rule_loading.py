@@ -1,4 +1,4 @@
-"""Tests for tests/rule_loading.py: the metrics JSON and TensorBoard directories as rule input."""
+"""Tests for posttrain/testing/rules/loading.py: the metrics JSON and TensorBoard directories as rule input."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import math
 from pathlib import Path
 
 import pytest
-from metric_rules import evaluate_rule
-from rule_errors import MetricsFileError
-from rule_loading import load_metrics, load_tb_dir, validate_metrics
-from rule_series import Series
+
+from posttrain.testing.rules.errors import MetricsFileError
+from posttrain.testing.rules.interpreter import evaluate_rule
+from posttrain.testing.rules.loading import load_metrics, load_tb_dir, validate_metrics
+from posttrain.testing.rules.series import Series
 
 
 def write_json(tmp_path: Path, obj: object) -> Path:

@@ -1,12 +1,13 @@
-"""Tests for tests/rule_margins.py and the margins evaluate_rule reports."""
+"""Tests for posttrain/testing/rules/margins.py and the margins evaluate_rule reports."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from metric_rules import evaluate_rule
-from rule_margins import Link, Margin, binding_margin, is_thin, link_margin
+
+from posttrain.testing.rules.interpreter import evaluate_rule
+from posttrain.testing.rules.margins import Link, Margin, binding_margin, is_thin, link_margin
 
 DATA = {"train/clip_fraction": {"1": 0.1, "2": 0.27}, "train/entropy": {"1": 0.5, "2": 0.4}}
 

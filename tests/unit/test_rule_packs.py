@@ -1,13 +1,14 @@
-"""Tests for tests/rule_packs.py: the grpo and sft rule packs."""
+"""Tests for posttrain/testing/rules/packs.py: the grpo and sft rule packs."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from metric_rules import compile_rule
-from rule_checker import CheckOptions, normalize, run_checks
-from rule_packs import PACK_BOUNDS, PACKS, pack_rules
+
+from posttrain.testing.rules.checker import CheckOptions, normalize, run_checks
+from posttrain.testing.rules.interpreter import compile_rule
+from posttrain.testing.rules.packs import PACK_BOUNDS, PACKS, pack_rules
 
 
 def grpo_run(steps: int = 20, **overrides: dict[str, float]) -> dict:

@@ -23,10 +23,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import check_metrics
 import pytest
-from rule_checker import CheckOptions, RuleSpec, normalize, run_checks
-from rule_packs import pack_rules
+
+from posttrain.testing import check_metrics as check_metrics
+from posttrain.testing.rules.checker import CheckOptions, RuleSpec, normalize, run_checks
+from posttrain.testing.rules.packs import pack_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "metrics"

@@ -1,4 +1,4 @@
-"""Tests for tests/rule_report.py: the table, the JSON rows and the GitHub markdown summary."""
+"""Tests for posttrain/testing/rules/report.py: the table, the JSON rows and the GitHub markdown summary."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import json
 import math
 
 import pytest
-from metric_rules import CheckResult
 from rich.console import Console
-from rule_report import (
+
+from posttrain.testing.rules.interpreter import CheckResult
+from posttrain.testing.rules.report import (
     build_table,
     format_margin,
     format_number,

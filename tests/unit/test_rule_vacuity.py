@@ -1,14 +1,15 @@
-"""Tests for tests/rule_vacuity.py: rules that cannot fail are caught, sound rules are not."""
+"""Tests for posttrain/testing/rules/vacuity.py: rules that cannot fail are caught, sound rules are not."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from metric_rules import Evaluation, compile_rule, evaluate
-from rule_checker import normalize
-from rule_series import Series
-from rule_vacuity import StandIn, caught, check_vacuity, domain, stand_ins
+
+from posttrain.testing.rules.checker import normalize
+from posttrain.testing.rules.interpreter import Evaluation, compile_rule, evaluate
+from posttrain.testing.rules.series import Series
+from posttrain.testing.rules.vacuity import StandIn, caught, check_vacuity, domain, stand_ins
 
 # A 20-step run in which the loss falls, reward rises and accuracy improves.
 DATA = normalize(
@@ -121,7 +122,7 @@ def test_resumed_run_rules_are_judged_on_their_real_steps():
     ([0.0, 0.0], 1e3),
 ])
 def test_huge_is_a_thousand_times_the_observed_scale(values, expected):
-    from rule_vacuity import huge
+    from posttrain.testing.rules.vacuity import huge
 
     assert huge(Series(list(range(1, len(values) + 1)), values)) == pytest.approx(expected)
     assert huge(values[0]) == pytest.approx(1e3 * max(1.0, abs(values[0])))

@@ -1,11 +1,12 @@
-"""tests/unit_results_trend.py: history of a metric across archived runs, flags a moved value."""
+"""The results trend tool (posttrain/testing/results_trend.py): a metric across archived runs, flags a move."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import unit_results_trend as trend_cli
+
+from posttrain.testing import results_trend as trend_cli
 
 KEY = "tests/unit/x.py::test_mem[a]/peak"
 

@@ -1,0 +1,1 @@
+"""posttrain: compact RL post-training for LLMs."""

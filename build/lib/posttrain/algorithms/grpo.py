@@ -1,0 +1,197 @@
+"""GRPO: Group Relative Policy Optimization (Shao et al., 2024, DeepSeekMath, arXiv:2402.03300).
+
+Each step samples ``completions_per_prompt`` (G) completions for each of
+``num_prompts_per_step`` (P) prompts, rewards them with the math verifier, turns rewards
+into group-relative advantages, and takes a clipped policy-gradient step with a k3 KL
+penalty towards the frozen reference policy. :func:`train` reads top to bottom:
+
+    generate -> reward -> advantages -> logprobs -> train -> refit -> validate -> log
+
+Notation: N = P * G rollouts per step, B rows kept for training, L completion window.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from posttrain.algorithms import checkpointing
+from posttrain.algorithms.advantages import compute_group_advantages, nonzero_variance_mask
+from posttrain.algorithms.evaluation import greedy_accuracy, is_validation_step
+from posttrain.algorithms.loss_functions import ClippedPGLoss
+from posttrain.algorithms.runtime import Runtime, open_run, refit
+from posttrain.config import RunConfig, Section
+from posttrain.data.batch import TokenBatch, make_batch
+from posttrain.data.datasets import load_problems
+from posttrain.data.sampler import EpochSampler
+from posttrain.data.types import MathProblem
+from posttrain.environments.math_verifier import math_reward
+from posttrain.errors import StaleWeightsError
+from posttrain.models.generation.interfaces import SamplingParams
+from posttrain.ops import masked_mean
+from posttrain.utils.timer import Timer
+
+
+class GRPOConfig(Section):
+    """The algorithm's own knobs."""
+
+    num_steps: int = Field(200, ge=1)
+    num_prompts_per_step: int = Field(16, ge=1)
+    completions_per_prompt: int = Field(8, ge=2, description="G, the group size")
+    advantage_estimator: Literal["grpo", "dr_grpo"] = "grpo"
+    drop_zero_variance_groups: bool = True
+    clip_eps: float = Field(0.2, gt=0)
+    kl_coef: float = Field(0.0, ge=0)
+    val_period: int = Field(50, ge=0, description="steps between validations; 0: only first and last")
+    seed: int = 0
+
+
+class GRPOMasterConfig(RunConfig):
+    """Top-level schema of ``examples/configs/grpo_*.yaml``."""
+
+    grpo: GRPOConfig = GRPOConfig()
+
+
+@dataclass
+class Rollouts:
+    """N = P * G sampled completions; the G completions of a prompt are contiguous."""
+
+    problems: list[MathProblem]
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    generation_logprobs: list[list[float]]
+    rewards: torch.Tensor  # [N] float32
+    weight_version: int  # of the weights the engine sampled with
+
+
+def generate_rollouts(rt: Runtime, problems: list[MathProblem], cfg: GRPOMasterConfig, step: int) -> Rollouts:
+    """Sample G completions per problem with the generation engine's current weights."""
+    g = cfg.grpo.completions_per_prompt
+    repeated = [p for p in problems for _ in range(g)]
+    prompt_ids = [list(rt.chat.prompt(p.question)) for p in repeated]
+    gen = cfg.generation
+    params = SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
+                            top_k=gen.top_k, seed=cfg.grpo.seed * 100_003 + step)
+    out = rt.generation.generate(prompt_ids, params)
+    return Rollouts(repeated, prompt_ids, out.completion_ids, out.logprobs, torch.zeros(len(repeated)),
+                    out.weight_version)
+
+
+def check_on_policy(rollouts: Rollouts, trainer_version: int, step: int) -> None:
+    """The rollouts must come from the weights being trained (this loop is on-policy).
+
+    Raises:
+        StaleWeightsError: the engine reports another weight version than the trainer's: its
+            samples would be trained on as if the current policy had drawn them.
+    """
+    if rollouts.weight_version != trainer_version:
+        raise StaleWeightsError(f"step {step}: rollouts were sampled with weight version {rollouts.weight_version}, "
+                           f"the trainer is at {trainer_version} (stale engine: off-policy samples)")
+
+
+def score_rollouts(rt: Runtime, rollouts: Rollouts) -> None:
+    """Fill ``rollouts.rewards`` with the verifier's 1.0 / 0.0 per completion."""
+    texts = rt.tokenizer.batch_decode(rollouts.completion_ids, skip_special_tokens=True)
+    rollouts.rewards = torch.tensor([math_reward(t, p.answer) for t, p in zip(texts, rollouts.problems, strict=True)])
+
+
+def select_rows(rollouts: Rollouts, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages ``[N]``, bool keep ``[N]``): which rollouts carry a learning signal.
+
+    Groups with zero reward variance are dropped when configured; if that drops every
+    group the whole batch is kept (its advantages are all zero, only the KL term acts).
+    """
+    advantages = compute_group_advantages(rollouts.rewards, cfg.completions_per_prompt, cfg.advantage_estimator)
+    keep = torch.ones_like(rollouts.rewards, dtype=torch.bool)
+    if cfg.drop_zero_variance_groups:
+        varied = nonzero_variance_mask(rollouts.rewards, cfg.completions_per_prompt)
+        keep = varied if varied.any() else keep
+    return advantages, keep
+
+
+def to_train_batch(rollouts: Rollouts, keep: torch.Tensor, pad_id: int) -> tuple[TokenBatch, torch.Tensor]:
+    """The kept rollouts as a padded batch, and the engine's logprobs aligned to it ``[B, L]``."""
+    rows = keep.nonzero().squeeze(-1).tolist()
+    batch = make_batch([rollouts.prompt_ids[i] for i in rows], [rollouts.completion_ids[i] for i in rows], pad_id)
+    gen_logprobs = torch.zeros_like(batch.completion_mask)
+    for b, i in enumerate(rows):
+        n = int(batch.completion_lens[b])
+        gen_logprobs[b, :n] = torch.tensor(rollouts.generation_logprobs[i][:n])
+    return batch, gen_logprobs
+
+
+def rollout_metrics(rollouts: Rollouts, cfg: GRPOConfig) -> dict[str, float]:
+    """Reward and sampling statistics of one step (before any row is dropped).
+
+    ``train/fraction_groups_kept`` is the fraction of prompt groups with non-zero reward
+    variance, the groups that carry a policy-gradient signal; it reads 0 when no group does
+    (even though the loop then trains on the whole batch, see :func:`select_rows`).
+    """
+    varied = nonzero_variance_mask(rollouts.rewards, cfg.completions_per_prompt)
+    lengths = torch.tensor([len(c) for c in rollouts.completion_ids], dtype=torch.float32)
+    reward = rollouts.rewards.float()
+    return {
+        "train/reward_mean": reward.mean().item(),
+        "train/accuracy": (reward == 1.0).float().mean().item(),
+        "train/completion_length": lengths.mean().item(),
+        "train/fraction_groups_kept": varied.view(-1, cfg.completions_per_prompt)[:, 0].float().mean().item(),
+    }
+
+
+def token_mult_prob_error(gen_logprobs: torch.Tensor, train_logprobs: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean over tokens of ``exp(|logp_engine - logp_trainer|)``; 1.0 means they agree exactly.
+
+    Both sides must score the same weights (the engine was refit from this trainer state).
+    A value well above 1 means generation and training disagree: a broken refit, a
+    temperature mismatch, or misaligned logprobs.
+    """
+    return masked_mean(torch.exp((gen_logprobs - train_logprobs).abs()), mask).item()
+
+
+def validate(rt: Runtime, val: list[MathProblem], cfg: GRPOMasterConfig) -> dict[str, float]:
+    return {"val/accuracy": greedy_accuracy(rt.generation, rt.chat, val, cfg.generation.max_new_tokens)}
+
+
+def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
+    """Run GRPO as configured; returns the logged metrics (also in ``<log_dir>/metrics.json``)."""
+    train_problems, val_problems = load_problems(cfg.data)
+    loss_fn = ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef)
+    sampler = EpochSampler(train_problems, cfg.grpo.num_prompts_per_step, cfg.grpo.seed)
+    timer = Timer()
+    with open_run(cfg, cfg.grpo.seed) as (rt, logger, resumed_at):
+        if resumed_at == 0:
+            logger.log(validate(rt, val_problems, cfg), step=0)
+        for step in range(resumed_at + 1, cfg.grpo.num_steps + 1):
+            start = time.perf_counter()
+            problems = sampler.batch(step)
+            with timer.time("generation"):
+                rollouts = generate_rollouts(rt, problems, cfg, step)
+                check_on_policy(rollouts, rt.policy.weight_version, step)
+            with timer.time("reward"):
+                score_rollouts(rt, rollouts)
+                advantages, keep = select_rows(rollouts, cfg.grpo)
+                batch, gen_logprobs = to_train_batch(rollouts, keep, rt.tokenizer.pad_token_id)
+            with timer.time("logprobs"):
+                old_logprobs = rt.policy.get_logprobs(batch)
+                ref_logprobs = rt.policy.get_logprobs(batch, reference=True)
+            with timer.time("train"):
+                extra = {"advantages": advantages[keep], "old_logprobs": old_logprobs, "ref_logprobs": ref_logprobs}
+                train_metrics = rt.policy.train(batch, extra, loss_fn)
+            with timer.time("refit"):  # + the weight-sync probe, which raises over its bound
+                probe_metrics = refit(rt.policy, rt.generation, rt.probe)
+            metrics = {f"train/{k}": v for k, v in train_metrics.items()}
+            metrics.update(probe_metrics)
+            metrics.update(rollout_metrics(rollouts, cfg.grpo))
+            metrics["train/token_mult_prob_error"] = token_mult_prob_error(gen_logprobs, old_logprobs,
+                                                                           batch.completion_mask)
+            if is_validation_step(step, cfg.grpo.val_period, cfg.grpo.num_steps):
+                with timer.time("validation"):
+                    metrics.update(validate(rt, val_problems, cfg))
+            metrics.update(rt.resource_metrics(timer, start))
+            logger.log(metrics, step)
+            checkpointing.after_step(rt.policy, cfg, step, cfg.grpo.num_steps)
+    return logger.metrics

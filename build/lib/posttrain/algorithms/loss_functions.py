@@ -1,0 +1,101 @@
+"""Losses: the clipped policy-gradient loss of GRPO and the masked NLL of SFT.
+
+Notation: B sequences in a micro-batch, L completion window. Both losses aggregate at the
+token level: the sum over unmasked tokens divided by ``num_tokens``, the number of unmasked
+tokens in the whole *global* batch (all micro-batches of one optimizer step). Summing the
+micro-batch losses then gives exactly the token mean of the global batch, whatever the
+micro-batch split (Dr. GRPO, arXiv:2503.20783, Sec. 3.1, on why per-sequence length
+normalization biases the gradient).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from posttrain.ops import masked_sum
+
+Metrics = dict[str, float]
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi_theta || pi_ref), always >= 0.
+
+    ``k3 = exp(ref - logp) - (ref - logp) - 1`` (Schulman, "Approximating KL Divergence",
+    2020; used by DeepSeekMath, arXiv:2402.03300, Eq. 4). The log-ratio is clamped to
+    [-20, 20] so one far-off token cannot overflow to inf.
+
+    Args:
+        logprobs, ref_logprobs: ``[B, L]`` logprobs of the same tokens under the current
+            and the reference policy.
+    """
+    log_ratio = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
+    return log_ratio.exp() - log_ratio - 1.0
+
+
+@dataclass(frozen=True)
+class ClippedPGLoss:
+    """GRPO objective (DeepSeekMath, arXiv:2402.03300, Eq. 3) as a loss to minimize.
+
+    Per token: ``ratio = exp(logp - logp_old)``,
+    ``pg = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)``, ``loss = pg + beta * k3``,
+    with ``A`` the sequence's advantage broadcast over its tokens and ``k3`` from
+    :func:`kl_k3` against the frozen reference policy.
+
+    Attributes:
+        clip_eps: epsilon of the ratio clip (0.2 in PPO/GRPO).
+        kl_coef: beta, weight of the KL penalty (0 disables the term, not the metric).
+    """
+
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+
+    def __call__(
+        self, logprobs: torch.Tensor, data: dict[str, torch.Tensor], num_tokens: float
+    ) -> tuple[torch.Tensor, Metrics]:
+        """Loss of one micro-batch.
+
+        Args:
+            logprobs: ``[B, L]`` float32 current-policy logprobs (with grad).
+            data: ``completion_mask [B, L]``, ``advantages [B]``, ``old_logprobs [B, L]``
+                (the policy that sampled / started this step), ``ref_logprobs [B, L]``.
+            num_tokens: unmasked tokens in the global batch (> 0).
+
+        Returns:
+            (scalar loss, metrics summed over this micro-batch's tokens: ``loss``, ``kl``,
+            ``clip_fraction``, divided by ``num_tokens``; ``probs_ratio_min/max`` as min/max).
+        """
+        mask = data["completion_mask"]
+        advantages = data["advantages"][:, None]  # [B, 1]
+        # Zero the log-ratio under the mask *before* exp: a padding token with a huge
+        # log-ratio would give exp -> inf and 0 * inf = NaN in the backward pass.
+        log_ratio = torch.where(mask > 0, logprobs - data["old_logprobs"], torch.zeros_like(logprobs))
+        ratio = torch.exp(log_ratio)  # [B, L]
+        clipped = ratio.clamp(1.0 - self.clip_eps, 1.0 + self.clip_eps)
+        pg = -torch.minimum(ratio * advantages, clipped * advantages)
+        kl = kl_k3(logprobs, torch.where(mask > 0, data["ref_logprobs"], logprobs.detach()))
+        loss = masked_sum(pg + self.kl_coef * kl, mask) / num_tokens
+        with torch.no_grad():
+            is_clipped = ((ratio * advantages) > (clipped * advantages)).float()
+            real = mask > 0
+            metrics = {
+                "loss": loss.item(),
+                "kl": (masked_sum(kl, mask) / num_tokens).item(),
+                "clip_fraction": (masked_sum(is_clipped, mask) / num_tokens).item(),
+                "probs_ratio_min": ratio[real].min().item() if real.any() else 1.0,
+                "probs_ratio_max": ratio[real].max().item() if real.any() else 1.0,
+            }
+        return loss, metrics
+
+
+@dataclass(frozen=True)
+class NLLLoss:
+    """Masked negative log-likelihood of the response tokens (SFT)."""
+
+    def __call__(
+        self, logprobs: torch.Tensor, data: dict[str, torch.Tensor], num_tokens: float
+    ) -> tuple[torch.Tensor, Metrics]:
+        """Args as :meth:`ClippedPGLoss.__call__` (only ``completion_mask`` is read)."""
+        loss = -masked_sum(logprobs, data["completion_mask"]) / num_tokens
+        return loss, {"loss": loss.item()}

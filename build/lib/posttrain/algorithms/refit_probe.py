@@ -1,0 +1,92 @@
+"""Weight-sync probe: after a refit, the engine and the trainer score the same fixed sequences.
+
+A refit that did not arrive, arrived in part (a tensor missing), or was loaded under the
+wrong names leaves the engine sampling from other weights than the trainer's, and nothing
+else in a run notices until the importance ratios have made the updates meaningless. The
+probe notices at once: with the same weights both sides give the same logprobs (to float
+rounding), so any gap beyond a small bound is a broken refit.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from posttrain.config import RefitProbeConfig
+from posttrain.data.batch import make_batch
+from posttrain.errors import RefitProbeError
+from posttrain.models.generation.interfaces import Generation
+from posttrain.models.policy.interfaces import PolicyInterface
+from posttrain.ops import masked_mean
+
+
+def probe_sequences(token_ids: list[int], cfg: RefitProbeConfig) -> tuple[list[list[int]], list[list[int]]]:
+    """``cfg.num_sequences`` (prompt, completion) pairs of tokens drawn from ``token_ids`` with
+    ``cfg.seed``: the same sequences on every call, so every refit is judged alike.
+
+    Returns:
+        prompts (each ``cfg.prompt_tokens`` long) and completions (``cfg.completion_tokens``).
+    """
+    rng = random.Random(cfg.seed)
+    prompts = [[rng.choice(token_ids) for _ in range(cfg.prompt_tokens)] for _ in range(cfg.num_sequences)]
+    completions = [[rng.choice(token_ids) for _ in range(cfg.completion_tokens)] for _ in range(cfg.num_sequences)]
+    return prompts, completions
+
+
+def probe_errors(engine: torch.Tensor, trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Disagreement of two logprob tensors ``[B, L]`` (float) over ``mask`` ``[B, L]`` (1 = token).
+
+    Returns:
+        ``train/refit_logprob_error``: mean ``|logp_engine - logp_trainer|`` (nats), and
+        ``train/refit_token_mult_prob_error``: mean ``exp(|logp_engine - logp_trainer|)``
+        (1.0 = exact; the multiplicative probability error of NeMo-RL's
+        ``token_mult_prob_error``, here on the probe instead of on the rollouts).
+    """
+    gap = (engine - trainer).abs()
+    return {
+        "train/refit_logprob_error": masked_mean(gap, mask).item(),
+        "train/refit_token_mult_prob_error": masked_mean(torch.exp(gap), mask).item(),
+    }
+
+
+class RefitProbe:
+    """Fixed probe sequences and the bound they are judged by.
+
+    Args:
+        cfg: the ``generation.refit_probe`` section.
+        tokenizer: the run's tokenizer (probe tokens avoid its special tokens).
+        temperature: the sampling temperature both sides score at (the trainer's
+            logprobs are at the generation temperature).
+    """
+
+    def __init__(self, cfg: RefitProbeConfig, tokenizer: Any, temperature: float):
+        special = set(getattr(tokenizer, "all_special_ids", []))
+        vocab = [i for i in range(len(tokenizer)) if i not in special]
+        self.prompts, self.completions = probe_sequences(vocab, cfg)
+        self.pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
+        self.bound = cfg.max_logprob_error
+        self.temperature = temperature
+
+    def measure(self, policy: PolicyInterface, generation: Generation) -> dict[str, float]:
+        """Score the probe on both sides; the two ``train/refit_*`` metrics of :func:`probe_errors`."""
+        batch = make_batch(self.prompts, self.completions, self.pad_id)
+        trainer = policy.get_logprobs(batch)  # [B, L]
+        engine = torch.zeros_like(trainer)
+        for b, row in enumerate(generation.score(self.prompts, self.completions, self.temperature)):
+            engine[b, : len(row)] = torch.tensor(row, dtype=engine.dtype)
+        return probe_errors(engine, trainer, batch.completion_mask)
+
+    def check(self, metrics: dict[str, float], version: int) -> None:
+        """Raise when the probe error is over the bound (no bound: never).
+
+        Raises:
+            RefitProbeError: names the error, the bound and the weight version.
+        """
+        error = metrics["train/refit_logprob_error"]
+        if self.bound is not None and not error <= self.bound:  # NaN fails too
+            raise RefitProbeError(
+                f"weight-sync probe failed after refit to version {version}: mean |logp_engine - logp_trainer| = "
+                f"{error:.3g} > generation.refit_probe.max_logprob_error = {self.bound:g} (stale or partial refit)"
+            )

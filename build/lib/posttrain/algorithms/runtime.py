@@ -1,0 +1,191 @@
+"""What every algorithm sets up the same way: Ray, the virtual cluster, policy, generation."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from posttrain.algorithms import checkpointing
+from posttrain.algorithms.refit_probe import RefitProbe
+from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig, RunConfig
+from posttrain.data.chat import ChatEncoder
+from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
+from posttrain.errors import ConfigError, StaleWeightsError
+from posttrain.models.generation.factory import create_generation, num_bundles, resolve_backend
+from posttrain.models.generation.interfaces import Generation
+from posttrain.models.policy.interfaces import PolicyInterface
+from posttrain.models.policy.lm_policy import Policy, check_backend, num_policy_workers
+from posttrain.models.tiny import build_tiny_model
+from posttrain.utils.logger import MetricsLogger
+from posttrain.utils.memory import peak_rss_gib
+from posttrain.utils.timer import Timer
+
+
+@dataclass
+class Runtime:
+    """The live parts of a run. ``generation`` holds its own weights; :func:`refit` syncs them
+    and, when ``probe`` is set, checks them with the weight-sync probe."""
+
+    model_path: str
+    tokenizer: Any
+    cluster: RayVirtualCluster
+    policy: Policy
+    generation: Generation
+    chat: ChatEncoder
+    probe: RefitProbe | None = None
+
+    def resource_metrics(self, timer: Timer, step_start: float) -> dict[str, float]:
+        """``timing/<phase>`` and ``timing/step`` (s, since ``step_start``, a ``perf_counter``
+        reading) and ``memory/<process>_peak_rss`` (GiB) of the driver and the policy worker."""
+        metrics = timer.pop()
+        metrics["timing/step"] = time.perf_counter() - step_start
+        metrics["memory/driver_peak_rss"] = peak_rss_gib()
+        metrics["memory/policy_peak_rss"] = self.policy.peak_memory_gib()
+        return metrics
+
+    def shutdown(self) -> None:
+        self.generation.shutdown()
+        self.policy.shutdown()
+        self.cluster.shutdown()
+
+
+def resolve_model_path(cfg: ModelConfig) -> str:
+    """``cfg.path`` when set (must be a Hugging Face directory), else the tiny model's build dir.
+
+    Raises:
+        ConfigError: ``cfg.path`` has no ``config.json``.
+    """
+    if cfg.path is None:
+        return str(build_tiny_model(cfg.tiny))
+    from pathlib import Path
+
+    if not (Path(cfg.path) / "config.json").is_file():
+        raise ConfigError(f"model.path '{cfg.path}' is not a Hugging Face model directory (no config.json)")
+    return cfg.path
+
+
+def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: GenerationConfig,
+                  cluster: ClusterConfig, seed: int) -> Runtime:
+    """Start Ray, reserve the bundles, place the policy and the generation backend.
+
+    The backend is ``generation.backend`` resolved (``auto``: vLLM when installed). The
+    policy takes bundle 0 (and one more per extra tensor-parallel rank of a Megatron
+    policy); colocated vLLM engines share bundle 0, other engines take one bundle each.
+    The policy workers compute logprobs at the sampling temperature, so the engine's and
+    the trainer's logprobs of the same tokens are comparable.
+
+    Raises:
+        ConfigError: vLLM asked for and not installed; a Megatron policy without
+            megatron-core or GPUs; the cluster cannot hold the bundles.
+        EngineStartError: a vLLM engine did not start.
+        WorkerStartError: a policy or generation worker's constructor raised (e.g. weights
+            it cannot load).
+    """
+    from transformers import AutoTokenizer
+
+    worker_cfg = {**policy.model_dump(), "temperature": generation.temperature, "device": cluster.device}
+    check_backend(worker_cfg, cluster.gpus_per_worker)
+    model_path = resolve_model_path(model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    init_ray(address=cluster.address, num_cpus=cluster.num_cpus, num_gpus=cluster.num_gpus)
+    backend = resolve_backend(generation.backend)
+    policy_workers = num_policy_workers(worker_cfg)
+    vc = RayVirtualCluster(num_bundles(generation, backend, policy_workers), num_cpus=cluster.cpus_per_worker,
+                           num_gpus=cluster.gpus_per_worker)
+    gen: Generation | None = None
+    try:
+        pol = Policy(vc, model_path, worker_cfg, seed, bundle_indices=list(range(policy_workers)))
+    except BaseException:
+        vc.shutdown()
+        raise
+    try:
+        gen = create_generation(generation, cluster, vc, model_path, backend, seed, policy_workers)
+        # Both start in parallel; a constructor error surfaces here, as one line.
+        pol.wait_ready()
+        gen.wait_ready()
+    except BaseException:
+        for part in (gen, pol):
+            if part is not None:
+                part.shutdown()
+        vc.shutdown()
+        raise
+    probe = (RefitProbe(generation.refit_probe, tokenizer, generation.temperature)
+             if generation.refit_probe.num_sequences else None)
+    print(f"runtime: {describe_policy(policy, pol)} policy, {generation.num_workers} x {backend} engine"
+          f"{' (colocated)' if generation.colocated and backend == 'vllm' else ''}, on {cluster.device}", flush=True)
+    return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer), probe)
+
+
+def describe_policy(policy: PolicyConfig, workers: Policy | None = None) -> str:
+    """``hf``, ``hf + LoRA (rank R[: T of N parameters trained, P%])`` (the counts when the
+    ``workers`` are given) or ``megatron (tp=N, <precision>)``: what the start-up line names."""
+    if policy.backend == "megatron":
+        return f"megatron (tp={policy.megatron.tensor_model_parallel_size}, {policy.megatron.precision})"
+    if policy.lora.rank > 0:
+        counts = ""
+        if workers is not None:
+            trained, total = workers.parameter_counts()
+            counts = f": {trained:,} of {total:,} parameters trained, {100 * trained / total:.2f}%"
+        return f"hf + LoRA (rank {policy.lora.rank}{counts})"
+    return policy.backend
+
+
+@contextlib.contextmanager
+def open_run(cfg: RunConfig, seed: int) -> Iterator[tuple[Runtime, MetricsLogger, int]]:
+    """The runtime, the metrics logger and the last finished step of one training run (0 for
+    a fresh run; N when it resumes from checkpoint ``step_N``: the policy, the engine and the
+    RNGs are restored, the logger continues after N), torn down however it ends.
+
+    On a normal exit the final policy is saved to ``cfg.checkpoint.save_path`` (when set);
+    on any exit the logger is closed and the workers and their reservation are released.
+
+    Raises:
+        ConfigError: ``checkpoint.resume`` names a path that is not a complete checkpoint.
+    """
+    resume_from = checkpointing.find_resume(cfg.checkpoint)
+    rt = setup_runtime(cfg.model, cfg.policy, cfg.generation, cfg.cluster, seed)
+    try:
+        start = 0
+        if resume_from is not None:
+            start = checkpointing.restore(rt.policy, resume_from)
+            refit(rt.policy, rt.generation, rt.probe)
+            print(f"resumed from {resume_from} (step {start})", flush=True)
+        logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.print_period,
+                               resume_step=start if resume_from is not None else None)
+        try:
+            yield rt, logger, start
+            if cfg.checkpoint.save_path:
+                rt.policy.export(cfg.checkpoint.save_path)
+        finally:
+            logger.close()
+    finally:
+        rt.shutdown()
+
+
+def refit(policy: PolicyInterface, generation: Generation, probe: RefitProbe | None = None) -> dict[str, float]:
+    """Copy the policy's weights into the generation engine, check the versions agree, and
+    (with a ``probe``) check that the engine now scores like the trainer.
+
+    Returns:
+        The probe's ``train/refit_logprob_error`` and ``train/refit_token_mult_prob_error``
+        (empty without a probe).
+
+    Raises:
+        StaleWeightsError: the engine reports a different weight version than the trainer
+            (a refit that did not arrive: generation would sample from stale weights).
+        RefitProbeError: the probe error is over its bound (stale, partial or misnamed weights).
+    """
+    version = policy.weight_version
+    generation.update_weights(policy.get_weights(), version)
+    engine_version = generation.weight_version()
+    if engine_version != version:
+        raise StaleWeightsError(f"refit failed: generation engine at weight version {engine_version}, "
+                                f"trainer at {version}")
+    if probe is None:
+        return {}
+    metrics = probe.measure(policy, generation)
+    probe.check(metrics, version)
+    return metrics

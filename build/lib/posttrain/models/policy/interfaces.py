@@ -1,0 +1,45 @@
+"""What the algorithms need from a policy, whatever the backend (Hugging Face, Megatron)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from posttrain.data.batch import TokenBatch
+
+Metrics = dict[str, float]
+
+
+class LossFn(Protocol):
+    """A picklable loss over one micro-batch (see ``posttrain.algorithms.loss_functions``).
+
+    Called as ``loss_fn(logprobs [B, L], data, num_tokens) -> (loss, metrics)``; ``data``
+    holds the micro-batch's ``completion_mask`` and any per-sample tensors the driver sent.
+    Metrics are per-micro-batch contributions: keys ending in ``_min`` / ``_max`` are reduced
+    with min / max across micro-batches, all others are summed.
+    """
+
+    def __call__(self, logprobs: torch.Tensor, data: dict[str, torch.Tensor],
+                 num_tokens: float) -> tuple[torch.Tensor, Metrics]: ...
+
+
+class PolicyInterface(Protocol):
+    """A trainable policy: logprobs, a train step, weights for refit, checkpoints."""
+
+    def get_logprobs(self, batch: TokenBatch, reference: bool = False) -> torch.Tensor:
+        """``[B, L]`` float32 logprobs of the completion tokens (current or reference policy)."""
+        ...
+
+    def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
+        """One training step over ``batch`` (one or more optimizer steps); returns metrics."""
+        ...
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The current weights (Hugging Face names, CPU tensors) for refit."""
+        ...
+
+    @property
+    def weight_version(self) -> int:
+        """Number of completed ``train`` calls; the generation engine must report the same."""
+        ...

@@ -1,0 +1,143 @@
+"""Driver-side policy: fans calls out to the policy worker(s) on a virtual cluster.
+
+``policy.backend`` picks the worker class: ``hf`` (one worker) or ``megatron`` (one worker per
+tensor-parallel rank, together one model). The driver code is the same for both: every call
+goes to every worker, and rank 0's answer is the group's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posttrain.data.batch import TokenBatch
+from posttrain.distributed.ray_cluster import RayVirtualCluster
+from posttrain.distributed.worker_group import RayWorkerGroup
+from posttrain.errors import ConfigError
+from posttrain.models.policy.hf_policy_worker import HfPolicyWorker
+from posttrain.models.policy.interfaces import LossFn, Metrics
+from posttrain.models.policy.lora import ADAPTER_CONFIG, check_adapter
+
+MCORE_MISSING = ("policy.backend=megatron but megatron-core is not installed: run with `uv run --extra mcore ...`")
+
+
+def num_policy_workers(cfg: dict[str, Any]) -> int:
+    """Workers (and bundles) the policy takes: 1, or the tensor-parallel size for megatron."""
+    return cfg["megatron"]["tensor_model_parallel_size"] if cfg["backend"] == "megatron" else 1
+
+
+def check_backend(cfg: dict[str, Any], gpus_per_worker: float, gpus_found: int | None = None) -> None:
+    """Fail before Ray starts when the policy backend cannot run here.
+
+    Args:
+        cfg: the ``policy`` section as a dict.
+        gpus_per_worker: ``cluster.gpus_per_worker``.
+        gpus_found: GPUs visible to this process (default: ``torch.cuda.device_count()``).
+
+    Raises:
+        ConfigError: megatron without megatron-core, without a GPU on this machine, without
+            GPUs for its workers, or with tensor-parallel ranks that would share a GPU.
+    """
+    if cfg["backend"] != "megatron":
+        return
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        raise ConfigError(MCORE_MISSING)
+    found = torch.cuda.device_count() if gpus_found is None else gpus_found
+    if found == 0:
+        raise ConfigError("policy.backend=megatron needs 1 GPU, found 0 (megatron-core's forward pass runs on CUDA)")
+    if gpus_per_worker <= 0:
+        raise ConfigError("policy.backend=megatron needs GPUs for its workers: set cluster.gpus_per_worker > 0")
+    tp = cfg["megatron"]["tensor_model_parallel_size"]
+    if tp > 1 and gpus_per_worker < 1:
+        raise ConfigError(f"policy.megatron.tensor_model_parallel_size={tp} needs a whole GPU per rank, "
+                          f"but cluster.gpus_per_worker={gpus_per_worker:g}")
+
+
+class Policy:
+    """A policy in Ray actors placed on ``cluster`` bundles ``bundle_indices``.
+
+    Args:
+        cluster: the virtual cluster to place the workers on.
+        model_path: Hugging Face model directory to start from.
+        cfg: the ``policy`` section of the config, as a dict, plus ``temperature`` and ``device``.
+        seed: torch seed of the workers.
+        bundle_indices: which bundles the workers take, one each (``num_policy_workers(cfg)`` of them).
+    """
+
+    def __init__(self, cluster: RayVirtualCluster, model_path: str, cfg: dict[str, Any], seed: int,
+                 bundle_indices: list[int] | None = None):
+        indices = bundle_indices if bundle_indices is not None else [0]
+        if len(indices) != num_policy_workers(cfg):
+            raise ValueError(f"{len(indices)} bundles for {num_policy_workers(cfg)} policy workers")
+        if cfg["backend"] == "megatron":
+            from posttrain.models.policy.megatron_policy_worker import MegatronPolicyWorker
+
+            self.group = RayWorkerGroup(cluster, MegatronPolicyWorker, model_path, cfg, seed, bundle_indices=indices,
+                                        init_method=cluster.rendezvous_address(indices[0]))
+        else:
+            self.group = RayWorkerGroup(cluster, HfPolicyWorker, model_path, cfg, seed, bundle_indices=indices)
+        self.model_path = model_path
+        self.backend = cfg["backend"]
+        self.lora_cfg = cfg["lora"] if cfg["lora"]["rank"] > 0 else None
+
+    def wait_ready(self) -> None:
+        """Block until the workers are up (see :meth:`RayWorkerGroup.wait_ready`).
+
+        Raises:
+            WorkerStartError: a constructor raised (one line).
+        """
+        self.group.wait_ready(f"{self.backend} policy worker for '{self.model_path}'")
+
+    def get_logprobs(self, batch: TokenBatch, reference: bool = False) -> torch.Tensor:
+        """``[B, L]`` float32 completion logprobs (reference=True: the frozen initial policy)."""
+        return self.group.run_all("get_logprobs", batch, reference=reference)[0]
+
+    def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
+        """One training step; see ``PolicyWorkerBase.train``."""
+        return self.group.run_all("train", batch, extra, loss_fn)[0]
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """Current weights for refit (Hugging Face names, CPU tensors)."""
+        return self.group.run_all("get_weights")[0]
+
+    @property
+    def weight_version(self) -> int:
+        """Completed training steps; refit passes it on to the generation engine."""
+        return self.group.run_all("get_weight_version")[0]
+
+    def save_checkpoint(self, path: str) -> None:
+        """Write the training state to ``path``, atomically: the weights (a Hugging Face
+        directory with the tokenizer; with LoRA the adapter alone), optimizer state, weight version."""
+        self.group.run_all("save_checkpoint", path, tokenizer_path=self.model_path)
+
+    def export(self, path: str) -> None:
+        """Write the final model to ``path``, atomically: a Hugging Face directory with the
+        tokenizer, loadable as a new ``model.path`` (with LoRA: the merged weights)."""
+        self.group.run_all("export", path, tokenizer_path=self.model_path)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore weights, optimizer state and weight version from ``save_checkpoint``'s ``path``.
+
+        Raises:
+            ConfigError: the checkpoint's LoRA adapter (or its absence) does not match ``policy.lora``.
+        """
+        if self.lora_cfg is not None:
+            check_adapter(Path(path), self.lora_cfg)
+        elif (Path(path) / ADAPTER_CONFIG).is_file():
+            raise ConfigError(f"checkpoint '{path}' holds a LoRA adapter, but policy.lora.rank=0")
+        self.group.run_all("load_checkpoint", path)
+
+    def parameter_counts(self) -> tuple[int, int]:
+        """(trained, total) parameters of the model rank 0 holds (with LoRA: the adapters,
+        and the base model plus the adapters)."""
+        return self.group.run_all("parameter_counts")[0]
+
+    def peak_memory_gib(self) -> float:
+        """Peak resident memory of the policy worker processes, GiB (the largest)."""
+        return max(self.group.run_all("peak_memory_gib"))
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
