@@ -126,6 +126,20 @@ class PolicyConfig(Section):
         return self
 
 
+class PolicyWorkerConfig(PolicyConfig):
+    """What a policy worker is built with, across the Ray boundary: the ``policy`` section plus
+    two facts of the run - the sampling temperature (logprobs are computed at it, so engine
+    and trainer score alike) and the torch device of the worker's model."""
+
+    temperature: float = Field(1.0, gt=0, description="generation.temperature")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cuda when the workers hold GPUs")
+
+    @classmethod
+    def of(cls, policy: PolicyConfig, temperature: float, device: str) -> PolicyWorkerConfig:
+        """``policy`` with the run's ``temperature`` and ``device``."""
+        return cls.model_validate({**policy.model_dump(), "temperature": temperature, "device": device})
+
+
 class RefitProbeConfig(Section):
     """The weight-sync probe: after every refit, fixed sequences are scored by the engine and
     by the trainer; their mean absolute logprob difference must stay under a bound."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from posttrain.algorithms import checkpointing
 from posttrain.algorithms.refit_probe import RefitProbe
-from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig, RunConfig
+from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig, PolicyWorkerConfig, RunConfig
 from posttrain.data.chat import ChatEncoder
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
 from posttrain.errors import ConfigError, StaleWeightsError
@@ -86,7 +86,7 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     """
     from transformers import AutoTokenizer
 
-    worker_cfg = {**policy.model_dump(), "temperature": generation.temperature, "device": cluster.device}
+    worker_cfg = PolicyWorkerConfig.of(policy, generation.temperature, cluster.device)
     check_backend(worker_cfg, cluster.gpus_per_worker)
     model_path = resolve_model_path(model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from posttrain.config import PolicyConfig
+from posttrain.config import PolicyConfig, PolicyWorkerConfig
 
 BACKENDS = [
     pytest.param("hf", id="hf"),
@@ -41,21 +41,21 @@ def free_tcp_address() -> str:
 
 
 def worker_cfg(backend: str, temperature: float = 1.0, precision: str = "fp32", tensor_parallel: int = 1,
-               device: str | None = None, **policy: Any) -> dict[str, Any]:
-    """The dict a policy worker is constructed with: a validated ``PolicyConfig`` + runtime keys
-    (``device``: default "cuda" for megatron, "cpu" for hf and lora)."""
+               device: str | None = None, **policy: Any) -> PolicyWorkerConfig:
+    """What a policy worker is constructed with: ``PolicyConfig`` keys (``policy``) + the run's
+    temperature and device (default "cuda" for megatron, "cpu" for hf and lora)."""
     megatron = {"precision": precision, "tensor_model_parallel_size": tensor_parallel}
     if backend == "lora":
         backend, policy = "hf", {"lora": {"rank": LORA_RANK}, **policy}
-    cfg = PolicyConfig.model_validate({**policy, "backend": backend, "megatron": megatron}).model_dump()
-    return {**cfg, "temperature": temperature, "device": device or ("cuda" if backend == "megatron" else "cpu")}
+    cfg = PolicyConfig.model_validate({**policy, "backend": backend, "megatron": megatron})
+    return PolicyWorkerConfig.of(cfg, temperature, device or ("cuda" if backend == "megatron" else "cpu"))
 
 
 def make_worker(backend: str, model_path: str, temperature: float = 1.0, seed: int = 0, **policy: Any) -> Any:
     """A fresh in-process policy worker of ``backend`` (the ``*Impl`` class, no Ray); keyword
     arguments are ``worker_cfg``'s (precision, tensor_parallel, device) or ``PolicyConfig`` keys."""
     cfg = worker_cfg(backend, temperature, **policy)
-    if cfg["backend"] == "hf":
+    if cfg.backend == "hf":
         from posttrain.models.policy.hf_policy_worker import HfPolicyWorkerImpl
 
         return HfPolicyWorkerImpl(model_path, cfg, seed=seed)

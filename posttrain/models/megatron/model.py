@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import torch
 
+from posttrain.config import PolicyConfig
 from posttrain.models.megatron.conversion import GPTShape
 
 Precision = Literal["fp32", "bf16-mixed"]
@@ -128,7 +129,7 @@ def wrap_ddp(model: torch.nn.Module) -> Any:
     return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
 
 
-def build_optimizer(model: Any, cfg: dict[str, Any], precision: Precision) -> Any:
+def build_optimizer(model: Any, cfg: PolicyConfig, precision: Precision) -> Any:
     """megatron-core's Adam (decoupled weight decay: AdamW) over ``model``'s parameters, with
     fp32 master weights for ``bf16-mixed``. Clipping is done by the caller (it must see the
     norm before deciding to step). Weight decay skips biases and norm weights (megatron's
@@ -137,8 +138,8 @@ def build_optimizer(model: Any, cfg: dict[str, Any], precision: Precision) -> An
 
     bf16 = precision == "bf16-mixed"
     config = OptimizerConfig(
-        optimizer="adam", lr=cfg["lr"], weight_decay=cfg["weight_decay"], adam_beta1=cfg["betas"][0],
-        adam_beta2=cfg["betas"][1], adam_eps=1e-8, clip_grad=cfg["max_grad_norm"], bf16=bf16,
+        optimizer="adam", lr=cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.betas[0],
+        adam_beta2=cfg.betas[1], adam_eps=1e-8, clip_grad=cfg.max_grad_norm, bf16=bf16,
         params_dtype=torch.bfloat16 if bf16 else torch.float32, use_distributed_optimizer=False,
     )
     return get_megatron_optimizer(config, [model])

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from posttrain.config import PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch
 from posttrain.models.policy.interfaces import LossFn, Metrics
 from posttrain.ops import compute_entropy, compute_logprobs, masked_sum
@@ -48,7 +49,7 @@ class PolicyWorkerBase:
     :meth:`_next_lr`.
     """
 
-    cfg: dict[str, Any]
+    cfg: PolicyWorkerConfig
     device: torch.device
     model: Any  # a torch module; typed Any so each backend keeps its own model class's methods
     reference: Any
@@ -85,11 +86,11 @@ class PolicyWorkerBase:
         with self._scoring_model(reference) as model:
             was_training = model.training
             model.eval()
-            for start in range(0, len(batch), self.cfg["logprob_batch_size"]):
-                mb = batch.select(slice(start, start + self.cfg["logprob_batch_size"])).to(self.device)
+            for start in range(0, len(batch), self.cfg.logprob_batch_size):
+                mb = batch.select(slice(start, start + self.cfg.logprob_batch_size)).to(self.device)
                 logits = self._forward_logits(model, mb)
                 chunks.append(compute_logprobs(logits, mb.input_ids, mb.prompt_lens, mb.completion_mask.shape[1],
-                                               self.cfg["temperature"]))
+                                               self.cfg.temperature))
             model.train(was_training)
         return torch.cat(chunks).cpu()
 
@@ -110,7 +111,7 @@ class PolicyWorkerBase:
             ``num_optimizer_steps``. A step whose gradient is not finite is skipped (the
             weights stay as they were) and counted in ``skipped_optimizer_steps``.
         """
-        gbs, mbs = self.cfg["train_global_batch_size"], self.cfg["train_micro_batch_size"]
+        gbs, mbs = self.cfg.train_global_batch_size, self.cfg.train_micro_batch_size
         lr = self._next_lr()  # the lr of this call's first optimizer step
         steps: list[Metrics] = []
         skipped = 0
@@ -126,12 +127,12 @@ class PolicyWorkerBase:
                 mb = batch.select(mrows)
                 logits = self._forward_logits(self.model, mb)
                 width = mb.completion_mask.shape[1]
-                logprobs = compute_logprobs(logits, mb.input_ids, mb.prompt_lens, width, self.cfg["temperature"])
+                logprobs = compute_logprobs(logits, mb.input_ids, mb.prompt_lens, width, self.cfg.temperature)
                 data = {"completion_mask": mb.completion_mask, **{k: v[mrows] for k, v in extra.items()}}
                 loss, metrics = loss_fn(logprobs, data, num_tokens)
                 loss.backward()
                 with torch.no_grad():
-                    entropy = compute_entropy(logits.detach(), mb.prompt_lens, width, self.cfg["temperature"])
+                    entropy = compute_entropy(logits.detach(), mb.prompt_lens, width, self.cfg.temperature)
                     metrics["entropy"] = (masked_sum(entropy, mb.completion_mask) / num_tokens).item()
                 reduce_metrics(step_metrics, metrics)
             grad_norm = self._optimizer_step()

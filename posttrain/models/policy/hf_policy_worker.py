@@ -17,6 +17,7 @@ from typing import Any
 import ray
 import torch
 
+from posttrain.config import PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch
 from posttrain.models.policy import lora
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
@@ -33,10 +34,8 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
 
     Args:
         model_path: Hugging Face model directory.
-        cfg: a ``PolicyConfig`` as a dict (lr, weight_decay, max_grad_norm,
-            train_global_batch_size, train_micro_batch_size, logprob_batch_size,
-            num_threads, temperature, optionally ``lora`` and ``device``: "cpu" (default) or
-            "cuda" — the Ray actor of a GPU bundle sees its GPU as ``cuda:0``).
+        cfg: the policy section plus the run's temperature and device ("cuda": the Ray actor
+            of a GPU bundle sees its GPU as ``cuda:0``).
         seed: torch seed.
         rank: rank in the worker group.
 
@@ -44,29 +43,29 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         ConfigError: a ``lora.target_modules`` entry the model does not have.
     """
 
-    def __init__(self, model_path: str, cfg: dict[str, Any], seed: int = 0, rank: int = 0):
+    def __init__(self, model_path: str, cfg: PolicyWorkerConfig, seed: int = 0, rank: int = 0):
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        torch.set_num_threads(cfg["num_threads"])
+        torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(seed + rank)
         self.cfg = cfg
-        self.device = torch.device(cfg.get("device", "cpu"))
+        self.device = torch.device(cfg.device)
         # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)  # type: ignore[arg-type]
-        self.use_lora = cfg.get("lora", {}).get("rank", 0) > 0
+        self.use_lora = cfg.lora.rank > 0
         if self.use_lora:
-            self.model = lora.apply_lora(self.model, cfg["lora"])
+            self.model = lora.apply_lora(self.model, cfg.lora)
             self.reference = None  # the base model: self.model with its adapters switched off
         else:
             # The KL penalty is measured against the policy as it was at the start of training.
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.model.train()
         self.optimizer = torch.optim.AdamW(
-            self.trainable_parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"], betas=tuple(cfg["betas"])
+            self.trainable_parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.betas[0], cfg.betas[1])
         )
-        warmup = cfg["warmup_steps"]
+        warmup = cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
@@ -92,7 +91,7 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         self.optimizer.zero_grad(set_to_none=True)
 
     def _optimizer_step(self) -> float:
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.cfg["max_grad_norm"]).item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.cfg.max_grad_norm).item()
         if math.isfinite(grad_norm):
             self.optimizer.step()
             self.scheduler.step()

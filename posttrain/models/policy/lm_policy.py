@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from posttrain.config import PolicyConfig, PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch
 from posttrain.distributed.ray_cluster import RayVirtualCluster
 from posttrain.distributed.worker_group import RayWorkerGroup
@@ -24,16 +24,16 @@ from posttrain.models.policy.lora import ADAPTER_CONFIG, check_adapter
 MCORE_MISSING = ("policy.backend=megatron but megatron-core is not installed: run with `uv run --extra mcore ...`")
 
 
-def num_policy_workers(cfg: dict[str, Any]) -> int:
+def num_policy_workers(cfg: PolicyConfig) -> int:
     """Workers (and bundles) the policy takes: 1, or the tensor-parallel size for megatron."""
-    return cfg["megatron"]["tensor_model_parallel_size"] if cfg["backend"] == "megatron" else 1
+    return cfg.megatron.tensor_model_parallel_size if cfg.backend == "megatron" else 1
 
 
-def check_backend(cfg: dict[str, Any], gpus_per_worker: float, gpus_found: int | None = None) -> None:
+def check_backend(cfg: PolicyConfig, gpus_per_worker: float, gpus_found: int | None = None) -> None:
     """Fail before Ray starts when the policy backend cannot run here.
 
     Args:
-        cfg: the ``policy`` section as a dict.
+        cfg: the ``policy`` section.
         gpus_per_worker: ``cluster.gpus_per_worker``.
         gpus_found: GPUs visible to this process (default: ``torch.cuda.device_count()``).
 
@@ -41,7 +41,7 @@ def check_backend(cfg: dict[str, Any], gpus_per_worker: float, gpus_found: int |
         ConfigError: megatron without megatron-core, without a GPU on this machine, without
             GPUs for its workers, or with tensor-parallel ranks that would share a GPU.
     """
-    if cfg["backend"] != "megatron":
+    if cfg.backend != "megatron":
         return
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
         raise ConfigError(MCORE_MISSING)
@@ -50,7 +50,7 @@ def check_backend(cfg: dict[str, Any], gpus_per_worker: float, gpus_found: int |
         raise ConfigError("policy.backend=megatron needs 1 GPU, found 0 (megatron-core's forward pass runs on CUDA)")
     if gpus_per_worker <= 0:
         raise ConfigError("policy.backend=megatron needs GPUs for its workers: set cluster.gpus_per_worker > 0")
-    tp = cfg["megatron"]["tensor_model_parallel_size"]
+    tp = cfg.megatron.tensor_model_parallel_size
     if tp > 1 and gpus_per_worker < 1:
         raise ConfigError(f"policy.megatron.tensor_model_parallel_size={tp} needs a whole GPU per rank, "
                           f"but cluster.gpus_per_worker={gpus_per_worker:g}")
@@ -62,17 +62,17 @@ class Policy:
     Args:
         cluster: the virtual cluster to place the workers on.
         model_path: Hugging Face model directory to start from.
-        cfg: the ``policy`` section of the config, as a dict, plus ``temperature`` and ``device``.
+        cfg: the ``policy`` section plus the run's ``temperature`` and ``device``.
         seed: torch seed of the workers.
         bundle_indices: which bundles the workers take, one each (``num_policy_workers(cfg)`` of them).
     """
 
-    def __init__(self, cluster: RayVirtualCluster, model_path: str, cfg: dict[str, Any], seed: int,
+    def __init__(self, cluster: RayVirtualCluster, model_path: str, cfg: PolicyWorkerConfig, seed: int,
                  bundle_indices: list[int] | None = None):
         indices = bundle_indices if bundle_indices is not None else [0]
         if len(indices) != num_policy_workers(cfg):
             raise ValueError(f"{len(indices)} bundles for {num_policy_workers(cfg)} policy workers")
-        if cfg["backend"] == "megatron":
+        if cfg.backend == "megatron":
             from posttrain.models.policy.megatron_policy_worker import MegatronPolicyWorker
 
             self.group = RayWorkerGroup(cluster, MegatronPolicyWorker, model_path, cfg, seed, bundle_indices=indices,
@@ -80,8 +80,8 @@ class Policy:
         else:
             self.group = RayWorkerGroup(cluster, HfPolicyWorker, model_path, cfg, seed, bundle_indices=indices)
         self.model_path = model_path
-        self.backend = cfg["backend"]
-        self.lora_cfg = cfg["lora"] if cfg["lora"]["rank"] > 0 else None
+        self.backend = cfg.backend
+        self.lora_cfg = cfg.lora if cfg.lora.rank > 0 else None
 
     def wait_ready(self) -> None:
         """Block until the workers are up (see :meth:`RayWorkerGroup.wait_ready`).

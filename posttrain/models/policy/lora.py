@@ -19,33 +19,35 @@ from typing import Any
 
 import torch
 
+from posttrain.config import LoraConfig
 from posttrain.errors import ConfigError
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-def apply_lora(model: torch.nn.Module, cfg: dict[str, Any]) -> Any:
+def apply_lora(model: torch.nn.Module, cfg: LoraConfig) -> Any:
     """Wrap ``model`` in a peft ``PeftModel`` with one LoRA adapter; only the adapter trains.
 
     Args:
         model: a Hugging Face causal LM (fp32).
-        cfg: the ``policy.lora`` section as a dict: ``rank`` (> 0), ``alpha``, ``dropout``,
+        cfg: the ``policy.lora`` section: ``rank`` (> 0), ``alpha``, ``dropout``,
             ``target_modules`` (module names, e.g. ``q_proj``).
 
     Raises:
         ConfigError: a target module the model does not have.
     """
-    from peft import LoraConfig, get_peft_model
+    import peft
 
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    missing = sorted(set(cfg["target_modules"]) - names)
+    missing = sorted(set(cfg.target_modules) - names)
     if missing:
         raise ConfigError(f"policy.lora.target_modules: {', '.join(missing)} not in the model "
                           f"(its linear layers: {', '.join(sorted(_linear_names(model)))})")
-    lora = LoraConfig(r=cfg["rank"], lora_alpha=cfg["alpha"], lora_dropout=cfg["dropout"],
-                      target_modules=list(cfg["target_modules"]), bias="none")
-    return get_peft_model(model, lora)
+    # peft annotates lora_alpha as int but scales by alpha / r in float: 1.5 works as meant
+    lora = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,  # type: ignore[arg-type]
+                           target_modules=list(cfg.target_modules), bias="none")
+    return peft.get_peft_model(model, lora)
 
 
 def _linear_names(model: torch.nn.Module) -> set[str]:
@@ -73,7 +75,7 @@ def merged_state_dict(peft_model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def check_adapter(path: Path, cfg: dict[str, Any]) -> None:
+def check_adapter(path: Path, cfg: LoraConfig) -> None:
     """Refuse to load the adapter in ``path`` into a policy configured as ``cfg``.
 
     Raises:
@@ -83,8 +85,8 @@ def check_adapter(path: Path, cfg: dict[str, Any]) -> None:
     if not (path / ADAPTER_CONFIG).is_file():
         raise ConfigError(f"checkpoint '{path}' holds no LoRA adapter (was it written with policy.lora.rank=0?)")
     saved = json.loads((path / ADAPTER_CONFIG).read_text())
-    pairs = {"rank": (saved["r"], cfg["rank"]), "alpha": (saved["lora_alpha"], cfg["alpha"]),
-             "target_modules": (sorted(saved["target_modules"]), sorted(cfg["target_modules"]))}
+    pairs = {"rank": (saved["r"], cfg.rank), "alpha": (saved["lora_alpha"], cfg.alpha),
+             "target_modules": (sorted(saved["target_modules"]), sorted(cfg.target_modules))}
     for key, (was, now) in pairs.items():
         if was != now:
             raise ConfigError(f"checkpoint '{path}' has policy.lora.{key}={was}, the config says {now}")

@@ -18,6 +18,7 @@ from typing import Any
 import ray
 import torch
 
+from posttrain.config import PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch
 from posttrain.models.megatron.conversion import GPTShape, hf_to_megatron, megatron_to_hf
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
@@ -69,7 +70,7 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase):
 
     Args:
         model_path: Hugging Face Qwen2 directory; converted to megatron shards at start.
-        cfg: a ``PolicyConfig`` dict plus ``temperature`` and ``device`` (must be "cuda":
+        cfg: the policy section plus the run's ``temperature`` and ``device`` (must be "cuda":
             megatron-core's forward calls ``torch.cuda.current_device()``); its ``megatron``
             entry holds ``tensor_model_parallel_size`` and ``precision`` (``fp32`` or
             ``bf16-mixed``: bf16 parameters and compute, fp32 master weights, fp32 gradient
@@ -84,18 +85,18 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase):
             does not divide its heads.
     """
 
-    def __init__(self, model_path: str, cfg: dict[str, Any], seed: int = 0, rank: int = 0, *, init_method: str):
+    def __init__(self, model_path: str, cfg: PolicyWorkerConfig, seed: int = 0, rank: int = 0, *, init_method: str):
         from transformers import AutoConfig
         from transformers.utils import logging as hf_logging
 
         from posttrain.models.megatron import model as mc
 
         hf_logging.disable_progress_bar()
-        torch.set_num_threads(cfg["num_threads"])
+        torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(seed)
         self.cfg, self.model_path = cfg, model_path
-        mcfg = cfg["megatron"]
-        self.tp, self.precision, self.rank = mcfg["tensor_model_parallel_size"], mcfg["precision"], rank
+        mcfg = cfg.megatron
+        self.tp, self.precision, self.rank = mcfg.tensor_model_parallel_size, mcfg.precision, rank
         self.shape = GPTShape.from_hf_config(AutoConfig.from_pretrained(model_path))
         self.shape.check_tensor_parallel(self.tp)
         mc.init_parallel_state(init_method, rank, self.tp, self.tp, seed)
@@ -134,7 +135,7 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase):
         finalize_model_grads([self.model])  # data-parallel / tied-embedding reductions
         self.optimizer.prepare_grads()
         # megatron's norm counts tensor-parallel shards once and duplicated weights once
-        grad_norm = float(self.optimizer.clip_grad_norm(self.cfg["max_grad_norm"]))
+        grad_norm = float(self.optimizer.clip_grad_norm(self.cfg.max_grad_norm))
         if math.isfinite(grad_norm):
             for group in self.optimizer.param_groups:
                 group["lr"] = self._next_lr()
@@ -144,8 +145,8 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase):
 
     def _next_lr(self) -> float:
         # The HF worker's schedule: linear warmup over `warmup_steps` successful steps, then flat.
-        warmup = self.cfg["warmup_steps"]
-        return self.cfg["lr"] * (min(1.0, (self.lr_steps + 1) / warmup) if warmup else 1.0)
+        warmup = self.cfg.warmup_steps
+        return self.cfg.lr * (min(1.0, (self.lr_steps + 1) / warmup) if warmup else 1.0)
 
     # -- weights ------------------------------------------------------------------------------
 

@@ -20,9 +20,9 @@ from posttrain.models.policy.lm_policy import check_backend, num_policy_workers
 ROOT = Path(__file__).resolve().parents[4]
 
 
-def megatron(tp: int = 1) -> dict:
+def megatron(tp: int = 1) -> PolicyConfig:
     return PolicyConfig.model_validate({"backend": "megatron",
-                                        "megatron": {"tensor_model_parallel_size": tp}}).model_dump()
+                                        "megatron": {"tensor_model_parallel_size": tp}})
 
 
 def test_the_backend_is_hf_unless_asked_and_names_are_strict() -> None:
@@ -39,7 +39,7 @@ def test_megatron_pipeline_parallelism_is_refused() -> None:
 
 
 def test_hf_needs_nothing() -> None:
-    check_backend(PolicyConfig().model_dump(), gpus_per_worker=0.0, gpus_found=0)
+    check_backend(PolicyConfig(), gpus_per_worker=0.0, gpus_found=0)
 
 
 def test_megatron_without_megatron_core_names_the_extra(monkeypatch) -> None:
@@ -61,7 +61,7 @@ def test_megatron_without_the_gpus_it_needs_is_refused(monkeypatch, tp, gpus_per
 
 
 def test_each_tensor_parallel_rank_takes_a_bundle_and_engines_come_after() -> None:
-    assert num_policy_workers(PolicyConfig().model_dump()) == 1
+    assert num_policy_workers(PolicyConfig()) == 1
     assert num_policy_workers(megatron(2)) == 2
     hf_engines = GenerationConfig(num_workers=2)
     assert num_bundles(hf_engines, "hf", policy_workers=2) == 4

@@ -17,7 +17,7 @@ import torch
 from harness.policy_backends import make_worker
 
 from posttrain.algorithms.loss_functions import ClippedPGLoss
-from posttrain.config import LORA_TARGETS_ALL_LINEAR, PolicyConfig
+from posttrain.config import LORA_TARGETS_ALL_LINEAR, LoraConfig, PolicyConfig
 from posttrain.data.batch import make_batch
 from posttrain.errors import ConfigError
 from posttrain.models.policy.lora import check_adapter
@@ -177,7 +177,7 @@ def test_lora_with_the_megatron_backend_is_refused_when_the_config_loads() -> No
 def test_a_checkpoint_whose_adapter_differs_from_the_config_is_refused(tmp_path, saved, config, message) -> None:
     if saved is not None:
         (tmp_path / "adapter_config.json").write_text(json.dumps(saved))
-    cfg = {"rank": RANK, "alpha": ALPHA, "target_modules": ["q_proj", "v_proj"], **config}
+    cfg = LoraConfig.model_validate({"rank": RANK, "alpha": ALPHA, "target_modules": ["q_proj", "v_proj"], **config})
     if message is None:
         check_adapter(tmp_path, cfg)
     else:
