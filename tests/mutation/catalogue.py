@@ -24,7 +24,7 @@ LEARNING = "tests/integration/test_grpo_learning.py"
 PLUMBING = "tests/integration/test_config_plumbing.py::test_config_key_reaches_its_code"
 LOOP_METRICS = "tests/integration/test_loop_metrics.py"
 STEP_METRICS = "tests/integration/test_step_metrics.py"
-NAN = "tests/unit/test_nan_reaches_a_verdict.py"
+NAN = "tests/unit/testing/test_nan_reaches_a_verdict.py"
 LOOP_DATA = "tests/integration/test_loop_data.py"
 SFT_TOKENS = "tests/integration/test_sft_tokens.py"
 VLLM_TESTS = "tests/unit/models/generation/test_vllm_generation.py"
@@ -191,11 +191,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("pack_kl_must_move_dropped", "the grpo pack no longer fails a KL that never moves",
            "posttrain/testing/rules/packs.py",
            (('_moves("train/entropy"), _moves("train/kl"),', '_moves("train/entropy"),'),),
-           ("tests/unit/test_rule_packs.py",), klass="metrics"),
+           ("tests/unit/testing/test_rule_packs.py",), klass="metrics"),
     Mutant("std_of_constant_not_zero", "std takes fsum/n as the mean: a frozen metric's std is a rounding error > 0",
            "posttrain/testing/rules/helpers.py",
            (("    m = exact_mean(vals)", "    m = math.fsum(vals) / len(vals)"),),
-           ("tests/unit/test_rule_packs.py", "tests/unit/test_check_metrics.py"), klass="metrics"),
+           ("tests/unit/testing/test_rule_packs.py", "tests/unit/testing/test_check_metrics.py"), klass="metrics"),
     # --- issue 12: NaN that never reaches a verdict --------------------------------------------------
     Mutant("tensorboard_nan_as_zero", "the logger writes 0.0 to TensorBoard for a NaN or infinite value",
            "posttrain/utils/logger.py",

@@ -29,7 +29,7 @@ from posttrain.testing import check_metrics as check_metrics
 from posttrain.testing.rules.checker import CheckOptions, RuleSpec, normalize, run_checks
 from posttrain.testing.rules.packs import pack_rules
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "metrics"
 
 

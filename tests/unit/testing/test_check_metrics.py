@@ -25,7 +25,7 @@ from posttrain.testing.rules.interpreter import (
     ratio_above,
 )
 
-TESTS_DIR = Path(__file__).resolve().parents[1]
+TESTS_DIR = Path(__file__).resolve().parents[2]
 
 
 CLI = TESTS_DIR / "check_metrics.py"

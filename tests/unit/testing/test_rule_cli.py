@@ -15,7 +15,7 @@ import pytest
 
 from posttrain.testing import check_metrics as check_metrics
 
-CLI = Path(__file__).resolve().parents[1] / "check_metrics.py"
+CLI = Path(__file__).resolve().parents[2] / "check_metrics.py"
 LOSS_FALLS = 'mean(data["train/loss"], -3) < mean(data["train/loss"], 1, 4)'
 DATA = {
     "train/loss": {str(s): 2.0 - 0.1 * s for s in range(1, 11)},

@@ -15,7 +15,7 @@ from posttrain.testing import tb_to_json as json_dump_tb_logs
 from posttrain.testing.rules import interpreter as metric_rules
 from posttrain.testing.tb_to_json import dump_tb_logs
 
-TESTS_DIR = Path(__file__).resolve().parents[1]
+TESTS_DIR = Path(__file__).resolve().parents[2]
 
 
 
