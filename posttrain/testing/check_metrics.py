@@ -21,17 +21,21 @@ construct, an unreadable or malformed metrics file).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 from posttrain.testing.rules import interpreter as metric_rules
 from posttrain.testing.rules import report as rule_report
 from posttrain.testing.rules.checker import CheckOptions, RuleSpec, run_checks
+from posttrain.testing.rules.helpers import HELPERS
 from posttrain.testing.rules.packs import PACK_BOUNDS, PACKS, pack_rules
 
 PROG = "check_metrics.py"
@@ -62,12 +66,59 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _signature(fn: Any) -> str:
+    """``(values, range_start=1, range_end=0)``: a helper's parameters as a rule writes them."""
+    parts = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            parts.append(f"*{p.name}")
+        elif p.default is inspect.Parameter.empty:
+            parts.append(p.name)
+        else:
+            parts.append(f"{p.name}={p.default!r}")
+    return f"({', '.join(parts)})"
+
+
+def _summary(fn: Any) -> str:
+    """The first sentence of a helper's docstring, without reST markup ("" for a builtin)."""
+    if fn.__module__ == "builtins":
+        return ""
+    first = (inspect.getdoc(fn) or "").split("\n\n")[0].replace("\n", " ").replace("``", "")
+    return re.split(r"\.\s", first + " ")[0].rstrip(".")
+
+
+def help_epilog() -> str:
+    """The rule language, the helpers (signature and first docstring sentence, from the code),
+    the packs and the exit codes: what ``--help`` prints after the options."""
+    helpers = [f"  {name}{_signature(fn)}" + (f": {_summary(fn)}" if _summary(fn) else "")
+               for name, fn in HELPERS.items()]
+    packs = [f"  --pack {name}: {len(pack_rules(name, {}, {}))} rules" for name in sorted(PACKS)]
+    return "\n".join([
+        "rules: Python expressions over `data` (metric -> {step: value}), parsed and checked against a",
+        "whitelist, never eval'd: literals, data[\"metric\"][\"step\"], + - * / // % **, comparisons,",
+        "and/or/not, lists, and these helpers (range bounds are step numbers; negative counts back from the last):",
+        *helpers,
+        "",
+        "packs (standard checks of a run's health; their bounds are the flags above):",
+        *packs,
+        "",
+        "exit status: 0 every rule passed (WARN and SKIP allowed); 1 a rule failed or is VACUOUS (it passes",
+        "on adversarial stand-ins too); 2 usage error (bad flags, no rules, a rule that does not parse or",
+        "uses a forbidden construct, an unreadable metrics file).",
+        "",
+        "example: check_metrics.py logs/metrics.json --pack grpo --expect-steps 200 \\",
+        "           'mean(data[\"train/reward_mean\"], -20) > mean(data[\"train/reward_mean\"], 1, 21)'",
+        "docs/testing.md (\"Rules\") has the whole language, vacuity, packs and margins.",
+    ])
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The CLI; pack bound flags come from ``packs.PACK_BOUNDS``."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Check rules against a run's metrics ({metric: {step: value}}).",
-        epilog="Example: check_metrics.py m.json --pack grpo --expect-steps 200 'max(data[\"train/grad_norm\"]) < 10'",
+        epilog=help_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "inputs", nargs="*", metavar="[METRICS_JSON] RULE", help="the metrics file (unless --tb-dir), then rules"

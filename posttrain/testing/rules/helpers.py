@@ -103,9 +103,10 @@ def metric_max(*values: Any) -> float:
 
 
 def median(values: Any, range_start: int = 1, range_end: int = 0) -> float:
-    """Median over the steps in ``[range_start, range_end)`` (``statistics.median``: the mean
-    of the middle two when even), with :func:`mean`'s range semantics: step numbers,
-    1-indexed, end-exclusive, negative bounds (and ``range_end <= 0``) counted back from the
+    """Median over the steps in ``[range_start, range_end)``, bounds as in ``mean``.
+
+    ``statistics.median``: the mean of the middle two when even. The bounds are step numbers,
+    1-indexed, end-exclusive, negative ones (and ``range_end <= 0``) counted back from the
     last logged step, step 0 only with ``range_start=0``. NeMo-RL's functional scripts use
     this form (``median(data["timing/train/total_step_time"], 2) < 10``).
 

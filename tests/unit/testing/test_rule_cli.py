@@ -209,3 +209,16 @@ def test_a_rule_that_is_not_utf8_is_one_line_exit_2(metrics) -> None:
     stderr = proc.stderr.decode("utf-8", "replace")
     assert proc.returncode == 2, stderr
     assert "not UTF-8 text (byte 0xff at character 28)" in stderr and "Traceback" not in stderr
+
+
+def test_help_lists_every_helper_the_packs_and_the_exit_codes() -> None:
+    from posttrain.testing.rules.helpers import HELPERS
+
+    proc = subprocess.run([sys.executable, str(CLI), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    for name in HELPERS:  # from the code, so a new helper shows up by itself
+        assert any(line.startswith(f"  {name}(") for line in lines), name
+    assert "  median(values, range_start=1, range_end=0): Median over the steps" in proc.stdout
+    assert "--pack grpo:" in proc.stdout and "--pack sft:" in proc.stdout
+    assert "exit status: 0 every rule passed" in proc.stdout and "2 usage error" in proc.stdout
