@@ -1,1 +1,0 @@
-"""posttrain: compact RL post-training for LLMs."""
