@@ -31,6 +31,8 @@ VLLM_TESTS = "tests/unit/models/generation/test_vllm_generation.py"
 VLLM_WORKER = "posttrain/models/generation/vllm/vllm_generation_worker.py"
 MCORE_TESTS = "tests/unit/models/megatron/test_megatron_policy.py"
 RESUME = "tests/integration/test_checkpoint_resume.py"
+LOSSES = "tests/unit/algorithms/test_loss_functions.py"
+ADVANTAGES = "tests/unit/algorithms/test_advantages.py"
 LORA = "tests/unit/models/policy/test_lora.py"
 LORA_LAYER = "posttrain/models/policy/lora.py"
 HF_WORKER = "posttrain/models/policy/hf_policy_worker.py"
@@ -70,12 +72,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/algorithms/advantages.py",
            (("centered = grouped - grouped.mean(dim=1, keepdim=True)",
              "centered = grouped.mean(dim=1, keepdim=True) - grouped"),),
-           ("tests/unit/test_advantages.py", f"{LEARNING}::test_high_reward_completion_gains_probability")),
+           ("tests/unit/algorithms/test_advantages.py", f"{LEARNING}::test_high_reward_completion_gains_probability")),
     Mutant("advantages_over_whole_batch", "advantages normalized over the whole batch instead of per prompt group",
            "posttrain/algorithms/advantages.py",
            (("centered = grouped - grouped.mean(dim=1, keepdim=True)", "centered = grouped - grouped.mean()"),
             ("std = grouped.std(dim=1, keepdim=True)", "std = grouped.std()")),
-           ("tests/unit/test_advantages.py", f"{LEARNING}::test_group_advantages_are_isolated_per_prompt")),
+           ("tests/unit/algorithms/test_advantages.py", f"{LEARNING}::test_group_advantages_are_isolated_per_prompt")),
     Mutant("group_size_off_by_one", "each prompt sampled G+1 times, advantages grouped by G: groups straddle prompts",
            "posttrain/algorithms/grpo.py",
            (("g = cfg.grpo.completions_per_prompt", "g = cfg.grpo.completions_per_prompt + 1"),),
@@ -91,7 +93,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("loss_mask_drops_last_token", "the completion mask drops each completion's last token (EOS never trained)",
            "posttrain/data/batch.py",
            (("completion_mask[i, :n_c] = 1.0", "completion_mask[i, : n_c - 1] = 1.0"),),
-           ("tests/unit/test_make_batch.py",)),
+           ("tests/unit/data/test_make_batch.py",)),
     Mutant("kl_against_current_policy", "reference logprobs come from the current policy: the KL penalty never binds",
            "posttrain/models/policy/base_policy_worker.py",
            (("yield self.reference if reference else self.model", "yield self.model"),),
@@ -100,7 +102,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("ratio_clipping_disabled", "the probability ratio is never clipped: updates are unbounded",
            "posttrain/algorithms/loss_functions.py",
            (("clipped = ratio.clamp(1.0 - self.clip_eps, 1.0 + self.clip_eps)", "clipped = ratio"),),
-           (f"{LEARNING}::test_tokens_outside_the_clip_range_get_no_update", "tests/unit/test_loss_functions.py")),
+           (f"{LEARNING}::test_tokens_outside_the_clip_range_get_no_update", LOSSES)),
     Mutant("refit_skipped", "the GRPO loop never syncs weights to the generation engine: it samples the initial policy",
            "posttrain/algorithms/grpo.py",
            # a call to a no-op that returns no probe metrics: fits `refit(...)` with or without the probe
@@ -128,17 +130,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/ops.py",
            (("positions = completion_positions(prompt_lens, completion_len, seq_len) - 1",
              "positions = completion_positions(prompt_lens, completion_len, seq_len)"),),
-           ("tests/unit/test_compute_logprobs.py",)),
+           ("tests/unit/test_ops.py",)),
     Mutant("trainer_ignores_temperature", "the trainer scores tokens at temperature 1 while the engine samples at T",
            "posttrain/ops.py",
            (("selected = completion_logits(logits, prompt_lens, completion_len).float() / temperature",
              "selected = completion_logits(logits, prompt_lens, completion_len).float()"),),
-           ("tests/unit/test_compute_logprobs.py",)),
+           ("tests/unit/test_ops.py",)),
     Mutant("dr_grpo_std_normalized", "Dr. GRPO advantages are still divided by the group std",
            "posttrain/algorithms/advantages.py",
            (("return centered.reshape(-1)",
              "return (centered / (grouped.std(dim=1, keepdim=True) + eps)).reshape(-1)"),),
-           ("tests/unit/test_advantages.py", f"{LEARNING}::test_dr_grpo_advantages_are_mean_centred_and_learn")),
+           (ADVANTAGES, f"{LEARNING}::test_dr_grpo_advantages_are_mean_centred_and_learn")),
     Mutant("keeps_zero_variance_groups_only", "the zero-variance filter is inverted: only groups with no signal train",
            "posttrain/algorithms/grpo.py",
            (("keep = varied if varied.any() else keep", "keep = ~varied if varied.any() else keep"),),
@@ -146,12 +148,12 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("ratio_against_itself", "old logprobs replaced by the current ones: the ratio is always 1, never clipped",
            "posttrain/algorithms/loss_functions.py",
            (('logprobs - data["old_logprobs"]', "logprobs - logprobs.detach()"),),
-           (f"{LEARNING}::test_tokens_outside_the_clip_range_get_no_update", "tests/unit/test_loss_functions.py")),
+           (f"{LEARNING}::test_tokens_outside_the_clip_range_get_no_update", LOSSES)),
     Mutant("padding_ratio_not_masked", "padding's log-ratio is exponentiated before masking: exp(inf) * 0 = NaN",
            "posttrain/algorithms/loss_functions.py",
            (('torch.where(mask > 0, logprobs - data["old_logprobs"], torch.zeros_like(logprobs))',
              'logprobs - data["old_logprobs"]'),),
-           (f"{LEARNING}::test_loss_and_gradients_stay_finite", "tests/unit/test_loss_functions.py")),
+           (f"{LEARNING}::test_loss_and_gradients_stay_finite", "tests/unit/algorithms/test_loss_functions.py")),
     # --- issue 12: config plumbing -------------------------------------------------------
     Mutant("kl_coef_ignored", "the loop builds its loss without grpo.kl_coef: the KL penalty never acts",
            "posttrain/algorithms/grpo.py",
