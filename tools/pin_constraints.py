@@ -63,6 +63,21 @@ def resolved_pins() -> list[str]:
     return pins
 
 
+def pins_in(text: str) -> list[str]:
+    """The constraint lines of a pinned block."""
+    return re.findall(r'^    "(.+)",$', text, re.MULTILINE)
+
+
+def versions(pins: list[str]) -> dict[str, tuple[str, ...]]:
+    """package -> its pinned versions: what the check compares (marker spelling may differ
+    between uv releases; the versions may not)."""
+    found: dict[str, set[str]] = {}
+    for pin in pins:
+        name, _, rest = pin.partition("==")
+        found.setdefault(name.lower(), set()).add(rest.split(";")[0].strip())
+    return {name: tuple(sorted(v)) for name, v in found.items()}
+
+
 def block(pins: list[str]) -> str:
     body = "".join(f'    "{pin}",\n' for pin in pins)
     return f"{BEGIN}\nconstraint-dependencies = [\n{body}]\n{END}\n"
@@ -84,12 +99,13 @@ def main(argv: list[str] | None = None) -> int:
             print("pin_constraints: pyproject.toml has no pinned block: run python3 tools/pin_constraints.py")
             return 1
         _uv("lock")  # with the pins applied: fails when they contradict a direct dependency
-        new = block(resolved_pins())
-        if new != old:
-            print("pin_constraints: the pins differ from what resolves now (a dependency changed?): "
-                  "run python3 tools/pin_constraints.py and commit pyproject.toml")
+        pinned, resolved = versions(pins_in(old)), versions(resolved_pins())
+        if pinned != resolved:
+            moved = sorted(set(pinned.items()) ^ set(resolved.items()))[:6]
+            print(f"pin_constraints: the pins differ from what resolves now ({moved}): a dependency changed? "
+                  "Run python3 tools/pin_constraints.py and commit pyproject.toml")
             return 1
-        print(f"pin_constraints: {new.count(chr(10)) - 4} pins agree with the resolution")
+        print(f"pin_constraints: {len(pinned)} pinned packages agree with the resolution")
         return 0
     unpinned = text.replace(old, "") if old else text
     PYPROJECT.write_text(unpinned)

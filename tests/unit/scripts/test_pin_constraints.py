@@ -38,3 +38,11 @@ def test_the_committed_block_is_well_formed_and_names_no_host() -> None:
     assert len(lines) > 100 and all("==" in line for line in lines)
     assert not any("://" in line or " @ " in line for line in lines)
     assert current == pin.block(lines)  # what the script writes, byte for byte
+
+
+def test_the_check_compares_versions_not_marker_spelling() -> None:
+    a = ["networkx==3.7 ; python_full_version >= '3.12'", "torch==2.13.0"]
+    b = ["networkx==3.7; python_full_version>='3.12'", "torch==2.13.0"]
+    assert pin.versions(a) == pin.versions(b) == {"networkx": ("3.7",), "torch": ("2.13.0",)}
+    assert pin.versions(a) != pin.versions(["networkx==3.7", "torch==2.13.1"])
+    assert pin.pins_in(pin.block(a)) == a
