@@ -122,8 +122,7 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         new ``model.path`` by any backend or engine: with LoRA the merged weights, and the
         adapter alone in ``path/adapter``; without, what :meth:`save_checkpoint` writes."""
         if not self.use_lora:
-            self.save_checkpoint(path, tokenizer_path)
-            return
+            return super().export(path, tokenizer_path)
         with atomic_dir(Path(path)) as tmp:
             merged = copy.deepcopy(self.model).merge_and_unload()
             merged.save_pretrained(tmp)
