@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import yaml
 from pydantic import BaseModel
 
 from posttrain.config import RunConfig, check_output_paths, load_config
@@ -26,14 +27,23 @@ def run_main(description: str, default_config: str, schema: type[BaseModel],
         step boundary (one line naming the step and its checkpoint; Ray shut down). Other
         exceptions (bugs) propagate with their traceback.
     """
-    parser = argparse.ArgumentParser(description=description)
+    keys = "\n".join(config_keys(schema))
+    epilog = ("config keys (type = schema default: description; the YAML file may set others, --print-config "
+              f"shows what a run gets):\n{keys}")
+    parser = argparse.ArgumentParser(description=description, epilog=epilog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=default_config, help=f"YAML config (default: {default_config})")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. grpo.num_steps=10")
     parser.add_argument("--validate", action="store_true",
                         help="only load and check the config and the output paths, then exit (0: fine, 2: not)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the config after the YAML file and the overrides (YAML), then exit")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides, schema)
+        if args.print_config:
+            print(yaml.safe_dump(cfg.model_dump(), sort_keys=False), end="")
+            return 0
         if isinstance(cfg, RunConfig):
             check_output_paths(cfg)  # before Ray, data and training: a typo costs nothing
         if args.validate:
@@ -53,6 +63,21 @@ def run_main(description: str, default_config: str, schema: type[BaseModel],
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0
+
+
+def config_keys(schema: type[BaseModel], prefix: str = "") -> list[str]:
+    """``  policy.lr: float = 0.0003: ...``: every leaf key of ``schema`` with its type, default
+    and description, read from the pydantic fields (what ``--help`` lists)."""
+    lines = []
+    for name, field in schema.model_fields.items():
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            lines += config_keys(kind, f"{prefix}{name}.")
+            continue
+        spelled = kind.__name__ if isinstance(kind, type) else str(kind).replace("typing.", "")
+        about = f": {field.description}" if field.description else ""
+        lines.append(f"  {prefix}{name}: {spelled} = {field.default!r}{about}")
+    return lines
 
 
 def _shutdown_ray() -> None:
