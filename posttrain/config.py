@@ -9,6 +9,7 @@ sections and the top-level schemas live next to their algorithm (``algorithms/gr
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -16,6 +17,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 
 from posttrain.errors import ConfigError
 
@@ -236,6 +238,17 @@ class RunConfig(Section):
     cluster: ClusterConfig = ClusterConfig()
     logger: LoggerConfig = LoggerConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+
+
+def leaf_fields(schema: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
+    """``(dotted key, field)`` for every leaf of ``schema``, sections walked into in order
+    (``policy.lora.rank``): the keys a ``key.sub=value`` override can set."""
+    for name, field in schema.model_fields.items():
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            yield from leaf_fields(kind, f"{prefix}{name}.")
+        else:
+            yield prefix + name, field
 
 
 S = TypeVar("S", bound=BaseModel)

@@ -90,7 +90,7 @@ def check_on_policy(rollouts: Rollouts, trainer_version: int, step: int) -> None
     """
     if rollouts.weight_version != trainer_version:
         raise StaleWeightsError(f"step {step}: rollouts were sampled with weight version {rollouts.weight_version}, "
-                           f"the trainer is at {trainer_version} (stale engine: off-policy samples)")
+                                f"the trainer is at {trainer_version} (stale engine: off-policy samples)")
 
 
 def score_rollouts(rt: Runtime, rollouts: Rollouts) -> None:

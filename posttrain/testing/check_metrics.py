@@ -90,7 +90,7 @@ def _summary(fn: Any) -> str:
 def help_epilog() -> str:
     """The rule language, the helpers (signature and first docstring sentence, from the code),
     the packs and the exit codes: what ``--help`` prints after the options."""
-    helpers = [f"  {name}{_signature(fn)}" + (f": {_summary(fn)}" if _summary(fn) else "")
+    helpers = [f"  {name}{_signature(fn)}" + (f": {summary}" if (summary := _summary(fn)) else "")
                for name, fn in HELPERS.items()]
     packs = [f"  --pack {name}: {len(pack_rules(name, {}, {}))} rules" for name in sorted(PACKS)]
     return "\n".join([

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from posttrain.config import RunConfig, check_output_paths, load_config
+from posttrain.config import RunConfig, check_output_paths, leaf_fields, load_config
 from posttrain.errors import PosttrainError
 from posttrain.utils.interrupts import StopRequested, graceful_stop
 
@@ -65,18 +65,15 @@ def run_main(description: str, default_config: str, schema: type[BaseModel],
     return 0
 
 
-def config_keys(schema: type[BaseModel], prefix: str = "") -> list[str]:
+def config_keys(schema: type[BaseModel]) -> list[str]:
     """``  policy.lr: float = 0.0003: ...``: every leaf key of ``schema`` with its type, default
     and description, read from the pydantic fields (what ``--help`` lists)."""
     lines = []
-    for name, field in schema.model_fields.items():
+    for key, field in leaf_fields(schema):
         kind = field.annotation
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            lines += config_keys(kind, f"{prefix}{name}.")
-            continue
         spelled = kind.__name__ if isinstance(kind, type) else str(kind).replace("typing.", "")
         about = f": {field.description}" if field.description else ""
-        lines.append(f"  {prefix}{name}: {spelled} = {field.default!r}{about}")
+        lines.append(f"  {key}: {spelled} = {field.default!r}{about}")
     return lines
 
 

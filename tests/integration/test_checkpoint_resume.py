@@ -8,11 +8,11 @@ run's metrics.json continues at N+1 with no step missing or repeated.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 from learnable_reward import low_digit_reward
+from same_run import assert_same_steps
 
 from posttrain.algorithms import grpo, sft
 from posttrain.errors import ConfigError
@@ -27,7 +27,6 @@ GRPO_BASE = ["grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=4", "ge
 SFT_BASE = ["sft.batch_size=8", "sft.val_period=2", "sft.val_loss_size=6", "data.arithmetic.num_val=6",
             "generation.max_new_tokens=3", "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4",
             "policy.warmup_steps=3"]
-UNTIMED = ("timing/", "memory/")  # wall clock and process memory differ between any two runs
 
 
 @pytest.fixture(scope="module")
@@ -50,19 +49,6 @@ def run(in_process, algorithm, yaml: str, base: list[str], steps: int, log_dir: 
     return in_process.run(algorithm, yaml, [f"model.path={model_path}", *base, f"{key}={steps}",
                                             f"logger.log_dir={log_dir}", f"checkpoint.dir={ckpt_dir}",
                                             "checkpoint.save_period=2", *extra])
-
-
-def assert_same_steps(whole: dict, resumed: dict, steps: range) -> None:
-    compared = 0
-    for name, series in whole.items():
-        if name.startswith(UNTIMED):
-            continue
-        for step in map(str, steps):
-            if step in series:
-                a, b = series[step], resumed[name][step]
-                assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6), (name, step, a, b)
-                compared += 1
-    assert compared > 10
 
 
 @pytest.mark.parametrize(("algorithm", "lora"), [(grpo, []), (sft, []), (grpo, ["policy.lora.rank=4"])],

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from replay import ReplayTrainer, TrainerSpec, max_weight_gap
 
 from posttrain.algorithms import grpo, sft
-from posttrain.config import load_config
+from posttrain.config import leaf_fields, load_config
 from posttrain.errors import ConfigError, RefitProbeError
 from posttrain.models.generation import factory
 from posttrain.models.generation.interfaces import GenerationOutput
@@ -37,16 +37,9 @@ GRPO_YAML = str(ROOT / "examples" / "configs" / "grpo_arithmetic.yaml")
 SFT_YAML = str(ROOT / "examples" / "configs" / "sft_arithmetic.yaml")
 
 
-def leaf_keys(schema: type[BaseModel], prefix: str = "") -> set[str]:
+def leaf_keys(schema: type[BaseModel]) -> set[str]:
     """Dotted names of every leaf field of a pydantic schema (sections are walked into)."""
-    keys = set()
-    for name, field in schema.model_fields.items():
-        kind = field.annotation
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            keys |= leaf_keys(kind, f"{prefix}{name}.")
-        else:
-            keys.add(prefix + name)
-    return keys
+    return {key for key, _ in leaf_fields(schema)}
 
 
 

@@ -19,7 +19,7 @@ from posttrain.distributed.worker_group import RayWorkerGroup
 from posttrain.errors import ConfigError
 from posttrain.models.policy.hf_policy_worker import HfPolicyWorker
 from posttrain.models.policy.interfaces import LossFn, Metrics
-from posttrain.models.policy.lora import ADAPTER_CONFIG, check_adapter
+from posttrain.models.policy.lora import check_adapter
 
 MCORE_MISSING = ("policy.backend=megatron but megatron-core is not installed: run with `uv run --extra mcore ...`")
 
@@ -81,7 +81,7 @@ class Policy:
             self.group = RayWorkerGroup(cluster, HfPolicyWorker, model_path, cfg, seed, bundle_indices=indices)
         self.model_path = model_path
         self.backend = cfg.backend
-        self.lora_cfg = cfg.lora if cfg.lora.rank > 0 else None
+        self.lora_cfg = cfg.lora
 
     def wait_ready(self) -> None:
         """Block until the workers are up (see :meth:`RayWorkerGroup.wait_ready`).
@@ -124,10 +124,7 @@ class Policy:
         Raises:
             ConfigError: the checkpoint's LoRA adapter (or its absence) does not match ``policy.lora``.
         """
-        if self.lora_cfg is not None:
-            check_adapter(Path(path), self.lora_cfg)
-        elif (Path(path) / ADAPTER_CONFIG).is_file():
-            raise ConfigError(f"checkpoint '{path}' holds a LoRA adapter, but policy.lora.rank=0")
+        check_adapter(Path(path), self.lora_cfg)
         self.group.run_all("load_checkpoint", path)
 
     def parameter_counts(self) -> tuple[int, int]:

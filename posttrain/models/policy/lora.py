@@ -76,12 +76,17 @@ def merged_state_dict(peft_model: Any) -> dict[str, torch.Tensor]:
 
 
 def check_adapter(path: Path, cfg: LoraConfig) -> None:
-    """Refuse to load the adapter in ``path`` into a policy configured as ``cfg``.
+    """Refuse to load checkpoint ``path`` into a policy whose ``policy.lora`` section is ``cfg``.
 
     Raises:
-        ConfigError: ``path`` has no adapter (a full fine-tuning checkpoint), or its rank,
-            alpha or target modules differ from ``cfg`` (the ``policy.lora`` section).
+        ConfigError: ``path`` has an adapter and ``cfg.rank`` is 0; it has none (a full
+            fine-tuning checkpoint) and ``cfg.rank`` > 0; or its rank, alpha or target modules
+            differ from ``cfg``.
     """
+    if cfg.rank == 0:
+        if (path / ADAPTER_CONFIG).is_file():
+            raise ConfigError(f"checkpoint '{path}' holds a LoRA adapter, but policy.lora.rank=0")
+        return
     if not (path / ADAPTER_CONFIG).is_file():
         raise ConfigError(f"checkpoint '{path}' holds no LoRA adapter (was it written with policy.lora.rank=0?)")
     saved = json.loads((path / ADAPTER_CONFIG).read_text())

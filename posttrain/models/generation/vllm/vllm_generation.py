@@ -68,9 +68,8 @@ class VllmGeneration:
         """Split ``prompts`` into contiguous shards, one per engine, and gather in order.
 
         Raises:
-            StaleWeightsError: the engines report different weight versions; or (from a worker,
-                wrapped by Ray) an engine is labelled or stamped with another version than
-                the one it was last given.
+            StaleWeightsError: the engines report different weight versions, or an engine is
+                labelled or stamped with another version than the one it was last given.
         """
         shards = contiguous_shards(prompts, len(self.workers))
         outs = get_unwrapped([w.generate.remote(s, params) for w, s in zip(self.workers, shards, strict=True)])

@@ -163,7 +163,7 @@ class VllmGenerationWorkerImpl:
             stamped = {span.version for span in sample.weight_versions or []}
             if stamped != {str(expected)}:
                 raise StaleWeightsError(f"vLLM stamped a completion with weight versions {sorted(stamped)}, "
-                                   f"but this worker was last given version {expected}")
+                                        f"but this worker was last given version {expected}")
         return GenerationOutput(completions, logprobs, version)
 
     def _checked_label(self, expected: int) -> int:
@@ -176,7 +176,7 @@ class VllmGenerationWorkerImpl:
         label = self.weight_version()
         if label != expected:
             raise StaleWeightsError(f"vLLM engine is labelled weight version {label}, "
-                               f"but this worker was last given version {expected}")
+                                    f"but this worker was last given version {expected}")
         return label
 
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:

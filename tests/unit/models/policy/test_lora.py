@@ -167,17 +167,22 @@ def test_lora_with_the_megatron_backend_is_refused_when_the_config_loads() -> No
         PolicyConfig.model_validate({"backend": "megatron", "lora": {"rank": 8}})
 
 
-@pytest.mark.parametrize(("saved", "config", "message"), [
-    ({"r": 4, "lora_alpha": 8.0, "target_modules": ["v_proj", "q_proj"]}, {}, None),
-    ({"r": 8, "lora_alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}, {}, "policy.lora.rank=8, the config says 4"),
-    ({"r": 4, "lora_alpha": 16.0, "target_modules": ["q_proj", "v_proj"]}, {}, "alpha=16.0, the config says 8.0"),
-    ({"r": 4, "lora_alpha": 8.0, "target_modules": ["q_proj"]}, {}, r"target_modules=\['q_proj'\]"),
-    (None, {}, "holds no LoRA adapter"),
+QV = ["q_proj", "v_proj"]
+
+
+@pytest.mark.parametrize(("saved", "rank", "message"), [
+    ({"r": 4, "lora_alpha": 8.0, "target_modules": ["v_proj", "q_proj"]}, RANK, None),
+    ({"r": 8, "lora_alpha": 8.0, "target_modules": QV}, RANK, "policy.lora.rank=8, the config says 4"),
+    ({"r": 4, "lora_alpha": 16.0, "target_modules": QV}, RANK, "alpha=16.0, the config says 8.0"),
+    ({"r": 4, "lora_alpha": 8.0, "target_modules": ["q_proj"]}, RANK, r"target_modules=\['q_proj'\]"),
+    (None, RANK, "holds no LoRA adapter"),
+    ({"r": 4, "lora_alpha": 8.0, "target_modules": QV}, 0, "holds a LoRA adapter, but policy.lora.rank=0"),
+    (None, 0, None),  # full fine-tuning from a full fine-tuning checkpoint
 ])
-def test_a_checkpoint_whose_adapter_differs_from_the_config_is_refused(tmp_path, saved, config, message) -> None:
+def test_a_checkpoint_whose_adapter_differs_from_the_config_is_refused(tmp_path, saved, rank, message) -> None:
     if saved is not None:
         (tmp_path / "adapter_config.json").write_text(json.dumps(saved))
-    cfg = LoraConfig.model_validate({"rank": RANK, "alpha": ALPHA, "target_modules": ["q_proj", "v_proj"], **config})
+    cfg = LoraConfig.model_validate({"rank": rank, "alpha": ALPHA, "target_modules": QV})
     if message is None:
         check_adapter(tmp_path, cfg)
     else:
