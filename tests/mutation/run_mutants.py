@@ -184,7 +184,7 @@ def judge(copy: Path, mutant: Mutant) -> Outcome:
             save_log(mutant.name, output)
             if code == 1:
                 by = first_failure(output)
-                if targets is tier_paths:
+                if targets is tier_paths:  # the whole-tier fallback, not the catalogue's named tests
                     confirm_catch(copy, target, original, mutant, by)
                 return Outcome(mutant.name, mutant.tier, True, by, time.perf_counter() - start)
             if code != 0:
