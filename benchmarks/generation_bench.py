@@ -27,7 +27,7 @@ import torch
 
 from posttrain.algorithms import grpo
 from posttrain.algorithms.runtime import refit
-from posttrain.config import ClusterConfig, GenerationConfig, PolicyConfig, load_config
+from posttrain.config import ClusterConfig, GenerationConfig, PolicyConfig, PolicyWorkerConfig, load_config
 from posttrain.data.chat import ChatEncoder
 from posttrain.data.datasets import load_problems
 from posttrain.data.sampler import EpochSampler
@@ -59,17 +59,18 @@ def bench_engine(backend: str, model_path: str, rounds: int, max_new_tokens: int
     cluster_cfg = ClusterConfig(cpus_per_worker=1.0)
     init_ray(num_cpus=2)
     vc = RayVirtualCluster(2, num_cpus=1.0)
-    policy = Policy(vc, model_path, {**PolicyConfig().model_dump(), "temperature": 1.0}, seed=0, bundle_index=0)
+    policy = Policy(vc, model_path, PolicyWorkerConfig.of(PolicyConfig(), 1.0, "cpu"), seed=0, bundle_indices=[0])
+    policy.wait_ready()
     start = time.perf_counter()
     engine = create_generation(gen_cfg, cluster_cfg, vc, model_path, resolved, seed=0)
-    engine.weight_version()  # start-up ends when the engine answers (HF actors start asynchronously)
+    engine.wait_ready()
     startup = time.perf_counter() - start
     try:
         chat = ChatEncoder(AutoTokenizer.from_pretrained(model_path))
         problems, _ = load_problems(cfg.data)
         sampler = EpochSampler(problems, 16, seed=0)
         rates, refits = [], []
-        workers = engine.group.workers if hasattr(engine, "group") else engine.workers
+        workers = engine.group.workers
         threads = ray.get(workers[0].__ray_call__.remote(lambda _: torch.get_num_threads()))
         for r in range(rounds + 1):  # round 0 warms up
             batch = [p for p in sampler.batch(r + 1) for _ in range(8)]

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,7 +32,7 @@ from harness.policy_backends import make_worker  # noqa: E402
 from posttrain.algorithms.loss_functions import ClippedPGLoss  # noqa: E402
 from posttrain.data.batch import TokenBatch  # noqa: E402
 
-SHAPES = {
+SHAPES: dict[str, dict[str, Any]] = {
     "0.4b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                  intermediate_size=4864, vocab_size=32000),
     "25m": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,

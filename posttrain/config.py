@@ -205,9 +205,30 @@ class ClusterConfig(Section):
     )
 
     @property
-    def device(self) -> str:
+    def device(self) -> Literal["cpu", "cuda"]:
         """The torch device of the workers' models: "cuda" when they hold GPUs, else "cpu"."""
         return "cuda" if self.gpus_per_worker > 0 else "cpu"
+
+
+class GenerationWorkerConfig(Section):
+    """What a generation worker is built with, across the Ray boundary: the ``generation``
+    section's engine keys plus the device and the seed of the run. Both backends take it;
+    each reads its own keys."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    seed: int = Field(0, description="vLLM's engine seed (sampling streams come from SamplingParams.seed)")
+    num_threads: int = Field(1, ge=1, description="hf: torch CPU threads")
+    max_model_len: int | None = Field(None, ge=2, description="vLLM: prompt + completion tokens; null: the model's")
+    max_num_seqs: int = Field(256, ge=1, description="vLLM: sequences in flight (sizes the KV cache)")
+    sleep_when_idle: bool = Field(False, description="vLLM on a GPU, colocated: free the memory between calls")
+
+    @classmethod
+    def of(cls, generation: GenerationConfig, cluster: ClusterConfig, seed: int) -> GenerationWorkerConfig:
+        """The worker config of a run: ``generation``'s keys, ``cluster``'s device and the run's ``seed``."""
+        return cls(device=cluster.device, seed=seed, num_threads=generation.num_threads,
+                   max_model_len=generation.max_model_len,
+                   max_num_seqs=generation.max_num_seqs,
+                   sleep_when_idle=generation.colocated and cluster.device != "cpu")
 
 
 class LoggerConfig(Section):

@@ -30,6 +30,12 @@ class EngineStartError(PosttrainError):
     """The vLLM engine did not start (bad model directory, not enough memory, ...)."""
 
 
+class RayStartError(PosttrainError):
+    """Ray's local node did not start, on every attempt (a busy machine). Not bad input: exit 1."""
+
+    exit_code = 1
+
+
 class RefitProbeError(PosttrainError):
     """The engine's logprobs of the probe sequences differ from the trainer's beyond the bound."""
 

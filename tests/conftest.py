@@ -1,14 +1,24 @@
-"""Fixtures shared by every test tier (unit, integration, nightly), and the harness plugin.
+"""Fixtures shared by every test tier (unit, integration, nightly).
 
-The harness (``tests/harness``): the ``tracker`` fixture, ``gpu(n)`` skips, the Ray leak
-check, unit_results.json; see docs/testing.md. ``pytester`` drives the harness's own tests.
+The harness (``posttrain.testing.harness``, a pytest plugin turned on in pyproject.toml by
+``posttrain_harness = true``): the ``tracker`` fixture, ``gpu(n)`` skips, the Ray leak check,
+unit_results.json; see docs/testing.md. ``pytester`` drives the harness's own tests.
 """
 
 from __future__ import annotations
 
+import os
+from importlib.metadata import entry_points
+
 import pytest
 
-pytest_plugins = ["harness.plugin", "pytester"]
+# The harness arrives through its pytest11 entry point when posttrain is installed (uv run,
+# the container); where nothing loads it that way (a checkout only on PYTHONPATH, as on the
+# GPU device, or PYTEST_DISABLE_PLUGIN_AUTOLOAD), load it from here.
+HARNESS = "posttrain.testing.harness.plugin"
+_autoloaded = (any(ep.value == HARNESS for ep in entry_points(group="pytest11"))
+               and not os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"))
+pytest_plugins = ["pytester"] if _autoloaded else ["pytester", HARNESS]
 
 
 @pytest.fixture(scope="session")
@@ -16,21 +26,13 @@ def ray_cluster():
     """A local Ray cluster (2 CPUs) for the whole session, started by the first test that asks.
 
     Tests that do not ask never import Ray. Actors and placement groups a test leaves alive
-    make it error (``harness.ray_leaks``); hold shared ones in a module-scoped fixture.
+    make it error (``posttrain.testing.harness.ray_leaks``); hold shared ones in a module-scoped fixture.
     """
     import ray
 
     from posttrain.distributed.ray_cluster import init_ray
 
-    try:
-        init_ray(num_cpus=2)
-    except Exception as e:  # noqa: BLE001 -- only Ray's start-up timeout is retried
-        # On a loaded 2-core machine Ray's dashboard agent can miss the raylet's start-up
-        # deadline; a second start (imports now in the page cache) is much faster.
-        if "timed out during startup" not in str(e):
-            raise
-        ray.shutdown()
-        init_ray(num_cpus=2)
+    init_ray(num_cpus=2)  # retries a start-up that timed out on a busy machine
     yield
     ray.shutdown()
 

@@ -2,11 +2,12 @@
 # Unit tests: picks the test configuration, checks its uv extra, runs pytest.
 #   uv run --group test bash tests/run_unit.sh [--hf-gated] [--mcore-only | --vllm-only | --nightly-only] [pytest args / paths...]
 # The configurations (flag -> marker filter, uv extra, package) are the table in
-# tests/configurations.toml; tests/harness/configurations.py turns the arguments into pytest's.
+# tests/configurations.toml; posttrain.testing.harness.configurations turns the arguments into pytest's.
 # A user's -m EXPR replaces the configuration's marker filter; other arguments and paths go to pytest.
-# Exit status: pytest's; 2 for a usage error or a missing extra (the `uv run --extra ...` line
-# to use is printed); 5 when the configuration selected no test or every selected test was
-# skipped: nothing was tested, so CI cannot go green.
+# --help prints the configurations, their extras and the exit codes.
+# Exit status: pytest's; 2 for a usage error, an unknown flag (with a did-you-mean) or a missing
+# extra (the `uv run --extra ...` line to use is printed); 5 when the configuration selected no
+# test or every selected test was skipped: nothing was tested, so CI cannot go green.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
@@ -19,13 +20,23 @@ export POSTTRAIN_NUM_GPUS
 
 plan=$(mktemp)
 trap 'rm -f "$plan"' EXIT
-python tests/harness/configurations.py plan -- "$@" >"$plan" || exit $?
+status=0
+python -m posttrain.testing.harness.configurations --table tests/configurations.toml plan -- "$@" >"$plan" || status=$?
+if [ "$status" = 3 ]; then  # --help: the usage is in the plan's place
+  cat "$plan"
+  exit 0
+fi
+[ "$status" = 0 ] || exit "$status"
 mapfile -d '' pytest_args <"$plan"
 
 set +e
 python -m pytest "${pytest_args[@]}"
 status=$?
 set -e
+if [ "$status" = 4 ]; then  # pytest's own usage error (e.g. an unknown short option): ours is 2
+  echo "run_unit.sh: pytest refused the arguments (see above): exit 2" >&2
+  exit 2
+fi
 if [ "$status" = 5 ]; then
   echo "run_unit.sh: nothing was tested (no test selected, or every selected test skipped): exit 5" >&2
 fi

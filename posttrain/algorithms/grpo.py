@@ -76,7 +76,7 @@ def generate_rollouts(rt: Runtime, problems: list[MathProblem], cfg: GRPOMasterC
     gen = cfg.generation
     params = SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
                             top_k=gen.top_k, seed=cfg.grpo.seed * 100_003 + step)
-    out = rt.generation.generate(prompt_ids, params)
+    out = rt.engine.generate(prompt_ids, params)
     return Rollouts(repeated, prompt_ids, out.completion_ids, out.logprobs, torch.zeros(len(repeated)),
                     out.weight_version)
 
@@ -153,7 +153,7 @@ def token_mult_prob_error(gen_logprobs: torch.Tensor, train_logprobs: torch.Tens
 
 
 def validate(rt: Runtime, val: list[MathProblem], cfg: GRPOMasterConfig) -> dict[str, float]:
-    return {"val/accuracy": greedy_accuracy(rt.generation, rt.chat, val, cfg.generation.max_new_tokens)}
+    return {"val/accuracy": greedy_accuracy(rt.engine, rt.chat, val, cfg.generation.max_new_tokens)}
 
 
 def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
@@ -162,7 +162,7 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
     loss_fn = ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef)
     sampler = EpochSampler(train_problems, cfg.grpo.num_prompts_per_step, cfg.grpo.seed)
     timer = Timer()
-    with open_run(cfg, cfg.grpo.seed) as (rt, logger, resumed_at):
+    with open_run(cfg, cfg.grpo.seed, cfg.grpo.num_steps, "GRPO") as (rt, logger, resumed_at):
         if resumed_at == 0:
             logger.log(validate(rt, val_problems, cfg), step=0)
         for step in range(resumed_at + 1, cfg.grpo.num_steps + 1):
@@ -182,7 +182,7 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
                 extra = {"advantages": advantages[keep], "old_logprobs": old_logprobs, "ref_logprobs": ref_logprobs}
                 train_metrics = rt.policy.train(batch, extra, loss_fn)
             with timer.time("refit"):  # + the weight-sync probe, which raises over its bound
-                probe_metrics = refit(rt.policy, rt.generation, rt.probe)
+                probe_metrics = refit(rt.policy, rt.engine, rt.probe)
             metrics = {f"train/{k}": v for k, v in train_metrics.items()}
             metrics.update(probe_metrics)
             metrics.update(rollout_metrics(rollouts, cfg.grpo))

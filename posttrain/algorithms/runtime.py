@@ -27,15 +27,27 @@ from posttrain.utils.timer import Timer
 @dataclass
 class Runtime:
     """The live parts of a run. ``generation`` holds its own weights; :func:`refit` syncs them
-    and, when ``probe`` is set, checks them with the weight-sync probe."""
+    and, when ``probe`` is set, checks them with the weight-sync probe. ``generation`` is None
+    in a run that never generates (SFT validating by loss only): see :attr:`engine`."""
 
     model_path: str
     tokenizer: Any
     cluster: RayVirtualCluster
     policy: Policy
-    generation: Generation
+    generation: Generation | None
     chat: ChatEncoder
     probe: RefitProbe | None = None
+
+    @property
+    def engine(self) -> Generation:
+        """The generation engine.
+
+        Raises:
+            ConfigError: this run started none (``setup_runtime(..., with_generation=False)``).
+        """
+        if self.generation is None:
+            raise ConfigError("this run started no generation engine (it was set up to validate by loss only)")
+        return self.generation
 
     def resource_metrics(self, timer: Timer, step_start: float) -> dict[str, float]:
         """``timing/<phase>`` and ``timing/step`` (s, since ``step_start``, a ``perf_counter``
@@ -47,7 +59,8 @@ class Runtime:
         return metrics
 
     def shutdown(self) -> None:
-        self.generation.shutdown()
+        if self.generation is not None:
+            self.generation.shutdown()
         self.policy.shutdown()
         self.cluster.shutdown()
 
@@ -68,8 +81,9 @@ def resolve_model_path(cfg: ModelConfig) -> str:
 
 
 def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: GenerationConfig,
-                  cluster: ClusterConfig, seed: int) -> Runtime:
-    """Start Ray, reserve the bundles, place the policy and the generation backend.
+                  cluster: ClusterConfig, seed: int, with_generation: bool = True) -> Runtime:
+    """Start Ray, reserve the bundles, place the policy and (``with_generation``) the
+    generation backend; without it no engine starts and nothing is reserved for one.
 
     The backend is ``generation.backend`` resolved (``auto``: vLLM when installed). The
     policy takes bundle 0 (and one more per extra tensor-parallel rank of a Megatron
@@ -90,11 +104,12 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     check_backend(worker_cfg, cluster.gpus_per_worker)
     model_path = resolve_model_path(model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    # A missing vLLM extra: one line, before Ray starts (and no check when nothing generates).
+    backend = resolve_backend(generation.backend) if with_generation else None
     init_ray(address=cluster.address, num_cpus=cluster.num_cpus, num_gpus=cluster.num_gpus)
-    backend = resolve_backend(generation.backend)
     policy_workers = num_policy_workers(worker_cfg)
-    vc = RayVirtualCluster(num_bundles(generation, backend, policy_workers), num_cpus=cluster.cpus_per_worker,
-                           num_gpus=cluster.gpus_per_worker)
+    bundles = num_bundles(generation, backend, policy_workers) if backend else policy_workers
+    vc = RayVirtualCluster(bundles, num_cpus=cluster.cpus_per_worker, num_gpus=cluster.gpus_per_worker)
     gen: Generation | None = None
     try:
         pol = Policy(vc, model_path, worker_cfg, seed, bundle_indices=list(range(policy_workers)))
@@ -102,10 +117,12 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
         vc.shutdown()
         raise
     try:
-        gen = create_generation(generation, cluster, vc, model_path, backend, seed, policy_workers)
+        if backend:
+            gen = create_generation(generation, cluster, vc, model_path, backend, seed, policy_workers)
         # Both start in parallel; a constructor error surfaces here, as one line.
         pol.wait_ready()
-        gen.wait_ready()
+        if gen is not None:
+            gen.wait_ready()
     except BaseException:
         for part in (gen, pol):
             if part is not None:
@@ -113,9 +130,12 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
         vc.shutdown()
         raise
     probe = (RefitProbe(generation.refit_probe, tokenizer, generation.temperature)
-             if generation.refit_probe.num_sequences else None)
-    print(f"runtime: {describe_policy(policy, pol)} policy, {generation.num_workers} x {backend} engine"
-          f"{' (colocated)' if generation.colocated and backend == 'vllm' else ''}, on {cluster.device}", flush=True)
+             if generation.refit_probe.num_sequences and gen is not None else None)
+    engine = "no generation engine"
+    if backend:
+        colocated = " (colocated)" if generation.colocated and backend == "vllm" else ""
+        engine = f"{generation.num_workers} x {backend} engine{colocated}"
+    print(f"runtime: {describe_policy(policy, pol)} policy, {engine}, on {cluster.device}", flush=True)
     return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer), probe)
 
 
@@ -134,27 +154,32 @@ def describe_policy(policy: PolicyConfig, workers: Policy | None = None) -> str:
 
 
 @contextlib.contextmanager
-def open_run(cfg: RunConfig, seed: int) -> Iterator[tuple[Runtime, MetricsLogger, int]]:
+def open_run(cfg: RunConfig, seed: int, num_steps: int, name: str,
+             with_generation: bool = True) -> Iterator[tuple[Runtime, MetricsLogger, int]]:
     """The runtime, the metrics logger and the last finished step of one training run (0 for
     a fresh run; N when it resumes from checkpoint ``step_N``: the policy, the engine and the
     RNGs are restored, the logger continues after N), torn down however it ends.
 
     On a normal exit the final policy is saved to ``cfg.checkpoint.save_path`` (when set);
     on any exit the logger is closed and the workers and their reservation are released.
+    ``num_steps`` and ``name`` (e.g. "GRPO") drive the console's progress (bar and ETA).
+    ``with_generation=False``: no engine starts (a run that never generates).
 
     Raises:
         ConfigError: ``checkpoint.resume`` names a path that is not a complete checkpoint.
     """
     resume_from = checkpointing.find_resume(cfg.checkpoint)
-    rt = setup_runtime(cfg.model, cfg.policy, cfg.generation, cfg.cluster, seed)
+    rt = setup_runtime(cfg.model, cfg.policy, cfg.generation, cfg.cluster, seed, with_generation)
     try:
         start = 0
         if resume_from is not None:
             start = checkpointing.restore(rt.policy, resume_from)
-            refit(rt.policy, rt.generation, rt.probe)
+            if rt.generation is not None:
+                refit(rt.policy, rt.generation, rt.probe)
             print(f"resumed from {resume_from} (step {start})", flush=True)
         logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.print_period,
-                               resume_step=start if resume_from is not None else None)
+                               resume_step=start if resume_from is not None else None, num_steps=num_steps,
+                               name=name)
         try:
             yield rt, logger, start
             if cfg.checkpoint.save_path:

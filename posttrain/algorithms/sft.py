@@ -55,8 +55,8 @@ def validate(rt: Runtime, val_batch: TokenBatch, val: list[MathProblem], cfg: SF
     logprobs = rt.policy.get_logprobs(val_batch)
     metrics = {"val/loss": -masked_mean(logprobs, val_batch.completion_mask).item()}
     if cfg.sft.val_accuracy:
-        metrics.update(refit(rt.policy, rt.generation, rt.probe))
-        metrics["val/accuracy"] = greedy_accuracy(rt.generation, rt.chat, val, cfg.generation.max_new_tokens)
+        metrics.update(refit(rt.policy, rt.engine, rt.probe))
+        metrics["val/accuracy"] = greedy_accuracy(rt.engine, rt.chat, val, cfg.generation.max_new_tokens)
     return metrics
 
 
@@ -69,7 +69,9 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
     train_problems, val_problems = load_problems(cfg.data)
     sampler = EpochSampler(train_problems, cfg.sft.batch_size, cfg.sft.seed)
     timer = Timer()
-    with open_run(cfg, cfg.sft.seed) as (rt, logger, resumed_at):
+    # An engine only when validation generates: SFT itself never samples.
+    with open_run(cfg, cfg.sft.seed, cfg.sft.num_steps, "SFT",
+                  with_generation=cfg.sft.val_accuracy) as (rt, logger, resumed_at):
         val_batch = sft_batch(rt.chat, val_problems[: cfg.sft.val_loss_size])
         if resumed_at == 0:
             metrics = validate(rt, val_batch, val_problems, cfg)

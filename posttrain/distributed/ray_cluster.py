@@ -8,6 +8,7 @@ instead of hanging while actors wait for resources that never free up.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
@@ -15,12 +16,42 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from posttrain.errors import ConfigError
+from posttrain.errors import ConfigError, RayStartError
 from posttrain.utils.interrupts import rearm
 
 # Under `uv run`, Ray would re-create each worker's environment through uv (slow, and it
 # needs the network); the driver's interpreter and venv are already right for workers.
 WORKER_ENV_VARS = {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "TOKENIZERS_PARALLELISM": "false"}
+# Ray's and vLLM's INFO lines (a start-up banner, "Reloading weights" and "reset prefix cache"
+# at every refit: hundreds per run) bury the run's own output; warnings and errors still show.
+# POSTTRAIN_VERBOSE=1 shows everything; a VLLM_LOGGING_LEVEL the user set wins.
+VERBOSE_ENV = "POSTTRAIN_VERBOSE"
+QUIET_ENV_VARS = {"VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+def verbose() -> bool:
+    """Whether ``$POSTTRAIN_VERBOSE`` asks for Ray's and vLLM's INFO lines."""
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+# Ray gives a starting node a fixed 30 s to register (not configurable); on a busy machine
+# its processes can miss that, and a second start (imports now in the page cache) usually
+# makes it. How many starts to try: $POSTTRAIN_RAY_START_ATTEMPTS (default 3).
+START_ATTEMPTS_ENV = "POSTTRAIN_RAY_START_ATTEMPTS"
+DEFAULT_START_ATTEMPTS = 3
+STARTUP_TIMEOUT = "timed out during startup"
+
+
+def start_attempts() -> int:
+    """``$POSTTRAIN_RAY_START_ATTEMPTS`` (default 3).
+
+    Raises:
+        ConfigError: it is not a positive integer.
+    """
+    raw = os.environ.get(START_ATTEMPTS_ENV, str(DEFAULT_START_ATTEMPTS))
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise ConfigError(f"{START_ATTEMPTS_ENV}={raw!r}: expected a positive integer")
+    return int(raw)
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
@@ -28,29 +59,52 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
 
     A cluster is joined when ``address`` is given or ``RAY_ADDRESS`` is set; otherwise a
     local single-node cluster starts with ``num_cpus`` (default: the machine's cores, at
-    least 2, so a policy worker and a generation worker fit on a 1-core box too).
-    Calling it again in the same process is a no-op.
+    least 2, so a policy worker and a generation worker fit on a 1-core box too). A local
+    start that times out (a busy machine) is retried, one line per retry, up to
+    ``$POSTTRAIN_RAY_START_ATTEMPTS`` starts in all. Calling it again in the same process
+    is a no-op. Every entry point (examples, functional scripts, the test fixtures) starts
+    Ray here.
 
     Raises:
         ConnectionError: (from Ray) the given address has no cluster.
+        RayStartError: the local node timed out on every attempt (one line with what to try).
+        ConfigError: a bad ``$POSTTRAIN_RAY_START_ATTEMPTS``.
     """
-    for key, value in WORKER_ENV_VARS.items():
+    env_vars = {**WORKER_ENV_VARS, **({} if verbose() else QUIET_ENV_VARS)}
+    for key, value in env_vars.items():
         os.environ.setdefault(key, value)
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
-    runtime_env = {"env_vars": dict(WORKER_ENV_VARS)}
+    runtime_env = {"env_vars": {key: os.environ[key] for key in env_vars}}
+    logging_level = logging.INFO if verbose() else logging.WARNING
     if address:
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True, logging_level=logging_level)
         rearm()
         return
-    ray.init(
-        num_cpus=num_cpus if num_cpus is not None else max(2, os.cpu_count() or 1),
-        num_gpus=num_gpus,
-        include_dashboard=False,
-        runtime_env=runtime_env,
-        log_to_driver=True,
-    )
+    attempts = start_attempts()
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(
+                num_cpus=num_cpus if num_cpus is not None else max(2, os.cpu_count() or 1),
+                num_gpus=num_gpus,
+                include_dashboard=False,
+                runtime_env=runtime_env,
+                log_to_driver=True,
+                logging_level=logging_level,
+            )
+            break
+        except Exception as exc:  # noqa: BLE001 -- Ray raises a bare Exception for this timeout
+            if STARTUP_TIMEOUT not in str(exc):
+                raise
+            ray.shutdown()  # stops what did start, so the next attempt begins clean
+            if attempt == attempts:
+                raise RayStartError(
+                    f"Ray's local node {STARTUP_TIMEOUT} on all {attempts} attempts (the machine is busy): run "
+                    f"again when it is quieter, set {START_ATTEMPTS_ENV} higher, or start Ray yourself "
+                    "(`ray start --head`) and pass cluster.address=auto") from None
+            print(f"ray: the local node {STARTUP_TIMEOUT} (attempt {attempt} of {attempts}, a busy machine); "
+                  "starting it again", flush=True)
     rearm()  # ray.init replaced the entry point's SIGINT / SIGTERM handlers
 
 

@@ -41,19 +41,23 @@ class RayWorkerGroup:
     Args:
         cluster: where to place the actors.
         actor_cls: a ``ray.remote`` class (the thin wrapper around an ``*Impl`` class).
-        bundle_indices: which bundles of the cluster get a worker (default: all).
+        bundle_indices: which bundles of the cluster get a worker (default: all; an index may
+            repeat when the workers do not reserve).
+        reserve: each worker reserves its bundle's CPUs and GPUs (True), or nothing (False:
+            it shares the bundle with the workers that do, e.g. a colocated engine with the
+            policy, which never runs at the same time in the synchronous loop).
         *args, **kwargs: constructor arguments, the same for every worker; the worker's
             rank in the group is passed as the keyword ``rank``.
     """
 
     def __init__(self, cluster: RayVirtualCluster, actor_cls: Any, *args: Any,
-                 bundle_indices: Sequence[int] | None = None, **kwargs: Any):
+                 bundle_indices: Sequence[int] | None = None, reserve: bool = True, **kwargs: Any):
         indices = list(bundle_indices) if bundle_indices is not None else list(range(cluster.num_bundles))
         self.name = actor_cls.__ray_metadata__.class_name  # the class Ray wraps, e.g. "HfPolicyWorker"
         self.workers = [
             actor_cls.options(
-                num_cpus=cluster.bundle["CPU"],
-                num_gpus=cluster.bundle.get("GPU", 0),
+                num_cpus=cluster.bundle["CPU"] if reserve else 0,
+                num_gpus=cluster.bundle.get("GPU", 0) if reserve else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     cluster.placement_group, placement_group_bundle_index=i
                 ),
@@ -86,10 +90,15 @@ class RayWorkerGroup:
         Positional arguments go into the object store once and every worker reads that
         copy (a refit's state dict is not serialized once per worker).
         """
-        refs = [ray.put(a) for a in args] if len(self.workers) > 1 else list(args)
-        return self._get([getattr(w, method).remote(*refs, **kwargs) for w in self.workers], method)
+        return self.gather(self.submit_all(method, *args, **kwargs), method)
 
-    def _get(self, refs: list[Any], method: str) -> list[Any]:
+    def submit_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """:meth:`run_all` without waiting: the calls' object refs, in rank order, for
+        :meth:`gather` (so that several groups can work at once, e.g. start their engines)."""
+        refs = [ray.put(a) for a in args] if len(self.workers) > 1 else list(args)
+        return [getattr(w, method).remote(*refs, **kwargs) for w in self.workers]
+
+    def gather(self, refs: list[Any], method: str) -> list[Any]:
         """``ray.get(refs)``; a worker that died on the way is one line naming it.
 
         Raises:
@@ -117,7 +126,7 @@ class RayWorkerGroup:
             if len(shard_list) != len(self.workers):
                 raise ValueError(f"{len(shard_list)} shards for {len(self.workers)} workers")
         per_worker = zip(self.workers, *shards, strict=True)
-        return self._get([getattr(w, method).remote(*args, **kwargs) for w, *args in per_worker], method)
+        return self.gather([getattr(w, method).remote(*args, **kwargs) for w, *args in per_worker], method)
 
     def shutdown(self) -> None:
         """Kill every worker (their reserved bundles stay with the cluster)."""

@@ -3,7 +3,7 @@
     uv run python tests/unit_results_trend.py METRIC_KEY [--tolerance 0.2] [--dir tests/unit/unit_results]
 
 METRIC_KEY is ``<test node id>/<name>`` as in unit_results.json's ``metrics``, e.g.
-``tests/unit/harness/test_harness_tracker.py::test_max_mem_grows_when_a_ray_actor_allocates_1_gib/after_1gib_actor``
+``tests/unit/testing/harness/test_harness_tracker.py::test_max_mem_grows_when_a_ray_actor_allocates_1_gib/after_1gib_actor``
 (``.../_elapsed`` for a test's duration). It prints one line per archived run, oldest first:
 start time, git commit, value (``-`` when that run lacks the metric). A value is flagged
 when it differs from the median of all earlier runs' values by more than ``--tolerance``

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from posttrain.utils.progress import StepProgress
+
 # The metrics worth a glance on the console; everything goes to the files.
 CONSOLE_KEYS = ("train/loss", "train/reward_mean", "val/accuracy", "val/loss", "train/kl",
                 "train/grad_norm", "train/entropy", "timing/step")
@@ -22,11 +24,15 @@ CONSOLE_KEYS = ("train/loss", "train/reward_mean", "val/accuracy", "val/loss", "
 
 class MetricsLogger:
     """Args: log_dir (created; holds ``metrics.json`` and ``tensorboard/``), print_period
-    (steps between console lines; step 0 and multiples are printed), resume_step (a run
-    resumed after step N: ``metrics.json`` keeps the steps up to N, anything the interrupted
-    run logged after N is dropped, and TensorBoard purges steps > N)."""
+    (steps between console lines; step 0, multiples and the last step are printed),
+    resume_step (a run resumed after step N: ``metrics.json`` keeps the steps up to N,
+    anything the interrupted run logged after N is dropped, and TensorBoard purges steps > N),
+    num_steps and name (the run's last step and its name, e.g. "GRPO": a progress bar on a
+    terminal and ``step N/T (P%, ETA ...)`` on each line, see ``utils/progress.py``; without
+    num_steps the lines say ``step N``)."""
 
-    def __init__(self, log_dir: str | Path, print_period: int = 10, resume_step: int | None = None):
+    def __init__(self, log_dir: str | Path, print_period: int = 10, resume_step: int | None = None,
+                 num_steps: int | None = None, name: str = "run"):
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = Path(log_dir)
@@ -43,6 +49,9 @@ class MetricsLogger:
                 if kept:
                     self.metrics[name] = kept
         self.console = Console(highlight=False, soft_wrap=True)
+        self.num_steps = num_steps
+        self.progress = (StepProgress(name, num_steps, resume_step or 0, self.console)
+                         if num_steps is not None else None)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         """Record ``metrics`` (name -> float) at integer ``step``; non-finite values are
@@ -55,14 +64,20 @@ class MetricsLogger:
         tmp = self.json_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(self.metrics, indent=1, sort_keys=True))
         os.replace(tmp, self.json_path)
-        if step % self.print_period == 0:
+        if self.progress is not None:
+            self.progress.step_done(step, metrics)
+        if step % self.print_period == 0 or step == self.num_steps:
             self._print(metrics, step)
 
     def _print(self, metrics: dict[str, float], step: int) -> None:
         parts = [f"{k}={_fmt(metrics[k])}" for k in CONSOLE_KEYS if k in metrics]
-        self.console.print(f"[bold]step {step}[/bold] " + " ".join(parts))
+        where = self.progress.line_prefix(step) if self.progress is not None else f"step {step}"
+        console = (self.progress.console if self.progress is not None else None) or self.console
+        console.print(f"[bold]{where}[/bold] " + " ".join(parts))
 
     def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
         self.writer.close()
 
 

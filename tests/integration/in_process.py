@@ -1,7 +1,7 @@
 """Run the real training loops in this process, with every call to a worker recorded.
 
 ``grpo.train`` and ``sft.train`` run unchanged from a loaded config: the real
-``setup_runtime``, the driver-side ``Policy`` and ``HfGeneration``, and the worker classes
+``setup_runtime``, the driver-side ``Policy`` and ``EngineGroup``, and the worker classes
 (``HfPolicyWorkerImpl``, ``HfGenerationWorkerImpl``). Only the transport is replaced: Ray's
 start-up and placement group become no-ops and a worker group calls its workers directly.
 Arguments and results still cross the boundary as copies (a pickle round trip, as Ray's
@@ -33,7 +33,7 @@ import torch
 
 from posttrain.algorithms import runtime
 from posttrain.config import load_config
-from posttrain.models.generation import hf_generation
+from posttrain.models.generation import engine_group
 from posttrain.models.generation.hf_generation_worker import HfGenerationWorker, HfGenerationWorkerImpl
 from posttrain.models.policy import lm_policy
 from posttrain.models.policy.hf_policy_worker import HfPolicyWorker, HfPolicyWorkerImpl
@@ -105,8 +105,9 @@ class LocalWorkerGroup:
     recorder: Recorder  # set by InProcess.install
 
     def __init__(self, cluster: Any, actor_cls: Any, *args: Any, bundle_indices: Sequence[int] | None = None,
-                 **kwargs: Any):
+                 reserve: bool = True, **kwargs: Any):
         impl_cls, self.role = IMPLS[actor_cls]
+        self.name = impl_cls.__name__
         indices = list(bundle_indices) if bundle_indices is not None else list(range(cluster.num_bundles))
         threads = torch.get_num_threads()
         self.workers = []
@@ -146,6 +147,13 @@ class LocalWorkerGroup:
 
     def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return [self._call(rank, method, args, kwargs) for rank in range(len(self.workers))]
+
+    def submit_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Runs the calls now; :meth:`gather` hands their results back."""
+        return self.run_all(method, *args, **kwargs)
+
+    def gather(self, results: list[Any], method: str) -> list[Any]:
+        return results
 
     def run_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]:
         for shard_list in shards:
@@ -206,7 +214,7 @@ class InProcess:
         monkeypatch.setattr(runtime, "RayVirtualCluster", cluster)
         monkeypatch.setattr(runtime, "resolve_backend", hf_only)
         monkeypatch.setattr(lm_policy, "RayWorkerGroup", group)
-        monkeypatch.setattr(hf_generation, "RayWorkerGroup", group)
+        monkeypatch.setattr(engine_group, "RayWorkerGroup", group)
 
     def run(self, algorithm: ModuleType, config: str | Path, overrides: list[str],
             transforms: dict[tuple[str, str], Callable[[Call, Any], Any]] | None = None) -> Run:

@@ -208,15 +208,17 @@ def generation_threads(runner: Runner, _) -> None:
 
 def backend(runner: Runner, _) -> None:
     """backend=hf gives Hugging Face workers; backend=vllm reaches the backend check (here told
-    vLLM is missing: the run stops with the line naming the extra to install)."""
+    vLLM is missing: the run stops before Ray with the line naming the extra to install)."""
     from posttrain.models.generation.hf_generation_worker import HfGenerationWorkerImpl
 
     run = runner.grpo("generation.backend=hf")
     assert all(isinstance(w.impl, HfGenerationWorkerImpl) for w in run.workers("generation"))
+    runner.ip.recorder.ray_init.clear()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(factory, "vllm_importable", lambda: False)
         with pytest.raises(ConfigError, match="generation.backend=vllm but vLLM is not installed"):
             runner.ip.run(grpo, GRPO_YAML, [f"model.path={runner.model_path}", "generation.backend=vllm"])
+    assert runner.ip.recorder.ray_init == []  # refused before Ray starts
 
 
 def policy_backend(runner: Runner, _) -> None:
@@ -362,9 +364,13 @@ def val_loss_size(runner: Runner, _) -> None:
 
 
 def val_accuracy(runner: Runner, _) -> None:
+    """Off, SFT never generates: no engine starts and none is reserved; on, it validates twice."""
     off = runner.sft("sft.val_accuracy=false")
     assert not runner.validated(off) and "val/accuracy" not in off.metrics
-    assert len(runner.validated(runner.sft("sft.val_accuracy=true"))) == 2
+    assert off.workers("generation") == [] and [c.num_bundles for c in off.recorder.clusters] == [1]
+    on = runner.sft("sft.val_accuracy=true")
+    assert len(runner.validated(on)) == 2
+    assert len(on.workers("generation")) == 1 and [c.num_bundles for c in on.recorder.clusters] == [2]
 
 
 def stop_at_val_accuracy(runner: Runner, _) -> None:
@@ -544,7 +550,8 @@ def log_dir(runner: Runner, _) -> None:
 
 
 def print_period(runner: Runner, capsys) -> None:
-    for period, printed in ((1, ["0", "1", "2", "3"]), (2, ["0", "2"])):
+    """Every period-th step and the last one, each with its place in the run (step N/T)."""
+    for period, printed in ((1, ["0/3", "1/3", "2/3", "3/3"]), (2, ["0/3", "2/3", "3/3"])):
         runner.sft(f"logger.print_period={period}", "sft.num_steps=3")
         lines = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
         assert lines == printed, period

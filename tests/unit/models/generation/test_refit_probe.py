@@ -2,6 +2,7 @@
 Hugging Face backend (the vLLM side is in test_vllm_generation.py)."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from refit_helpers import DropOneTensor, train_step
 from posttrain.algorithms.refit_probe import RefitProbe, probe_errors, probe_sequences
 from posttrain.algorithms.runtime import refit
 from posttrain.config import GenerationConfig, RefitProbeConfig
-from posttrain.errors import ConfigError, RefitProbeError
+from posttrain.errors import ConfigError, RefitProbeError, StaleWeightsError
 from posttrain.models.generation.factory import num_bundles, resolve_backend
 
 
@@ -90,7 +91,24 @@ def test_hf_probe_agrees_after_refit_and_catches_skipped_refit(hf_runtime):
 def test_hf_partial_refit_is_refused(hf_runtime):
     rt = hf_runtime
     train_step(rt, answer="5")
-    # The hf engine loads strictly: a missing tensor fails the load itself.
-    with pytest.raises(Exception, match="q_proj"):
-        refit(DropOneTensor(rt.policy, "model.layers.0.self_attn.q_proj.weight"), rt.generation, rt.probe)
+    before = rt.generation.weight_version()
+    # The hf engine loads strictly: a missing tensor fails the load itself, in one line.
+    name = "model.layers.0.self_attn.q_proj.weight"
+    with pytest.raises(StaleWeightsError, match=rf"missing \['{re.escape(name)}'\], unknown \[\]$") as err:
+        refit(DropOneTensor(rt.policy, name), rt.generation, rt.probe)
+    assert "\n" not in str(err.value)
+    assert rt.generation.weight_version() == before  # the version moves only with the weights
     refit(rt.policy, rt.generation, rt.probe)  # a full refit recovers
+
+
+def test_hf_refit_with_an_unknown_name_or_a_wrong_shape_is_one_line(hf_runtime):
+    rt = hf_runtime
+    weights = rt.policy.get_weights()
+    version = rt.generation.weight_version()
+    with pytest.raises(StaleWeightsError, match=r"missing \[\], unknown \['extra.weight'\]$"):
+        rt.generation.update_weights({**weights, "extra.weight": torch.zeros(1)}, version + 1)
+    name = "model.norm.weight"
+    with pytest.raises(StaleWeightsError, match=f"cannot load weight version {version + 1}: .*{name}") as err:
+        rt.generation.update_weights({**weights, name: torch.zeros(3)}, version + 1)
+    assert "\n" not in str(err.value)
+    assert rt.generation.weight_version() == version

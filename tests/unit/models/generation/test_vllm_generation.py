@@ -61,7 +61,7 @@ def test_generation_shapes_and_logprobs(rt):
     eos = rt.tokenizer.eos_token_id
     out = rt.generation.generate(prompts_of(rt, 32), SamplingParams(max_new_tokens=6, seed=3))
     assert len(out.completion_ids) == len(out.logprobs) == 32
-    assert out.weight_version == 0
+    assert out.weight_version == rt.policy.weight_version  # tests of this module may have trained first
     for ids, lps in zip(out.completion_ids, out.logprobs, strict=True):
         assert 1 <= len(ids) <= 6 and len(lps) == len(ids)
         assert eos not in ids[:-1]  # generation stops at the first EOS
@@ -163,7 +163,7 @@ def test_a_skipped_refit_is_caught_by_the_version_check(rt, monkeypatch):
 
 def on_engine(rt, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(worker, *args)`` inside the (only) engine actor, where ``worker.llm`` is the ``LLM``."""
-    (worker,) = rt.generation.workers
+    (worker,) = rt.generation.group.workers
     return ray.get(worker.__ray_call__.remote(fn, *args))
 
 
@@ -272,17 +272,18 @@ def test_refit_fails_its_version_check_when_the_engine_drops_the_new_label(rt):
 
 
 def test_engine_start_up_failures_are_one_line(rt, tmp_path):
+    from posttrain.config import GenerationWorkerConfig
     from posttrain.errors import EngineStartError
-    from posttrain.models.generation.vllm.vllm_generation import EnginePlacement, VllmGeneration
+    from posttrain.models.generation.engine_group import EngineGroup
+    from posttrain.models.generation.vllm.vllm_generation_worker import VllmGenerationWorker
 
-    cfg = {"max_model_len": 64, "max_num_seqs": 8, "device": "cpu", "sleep_when_idle": False, "seed": 0}
-    placement = [EnginePlacement(0, num_cpus=0.0)]
+    cfg = GenerationWorkerConfig(max_model_len=64, max_num_seqs=8)
     with pytest.raises(EngineStartError, match=f"vLLM engine for '{tmp_path}' did not start") as err:
-        VllmGeneration(rt.cluster, str(tmp_path), placement, cfg)
+        EngineGroup(rt.cluster, VllmGenerationWorker, str(tmp_path), cfg, [0], reserve=False).wait_ready()
     assert "\n" not in str(err.value)
-    huge = {**cfg, "max_num_seqs": 10**9}  # a KV cache no machine has
+    huge = cfg.model_copy(update={"max_num_seqs": 10**9})  # a KV cache no machine has
     with pytest.raises(ConfigError, match="does not fit in half of the free host RAM"):
-        VllmGeneration(rt.cluster, rt.model_path, placement, huge)
+        EngineGroup(rt.cluster, VllmGenerationWorker, rt.model_path, huge, [0], reserve=False).wait_ready()
 
 
 def test_reload_warning_filter_sits_on_vllms_reload_logger():
@@ -292,3 +293,12 @@ def test_reload_warning_filter_sits_on_vllms_reload_logger():
     from posttrain.models.generation.vllm.vllm_generation_worker import RELOAD_LOGGER
 
     assert layerwise.logger.name == RELOAD_LOGGER
+
+
+def test_the_engine_logs_warnings_only(rt):
+    """vLLM's INFO lines ("Reloading weights", "reset prefix cache" at every refit) stay out of
+    the run's output unless POSTTRAIN_VERBOSE=1 (``init_ray``)."""
+    import logging
+
+    level = on_engine(rt, lambda w: logging.getLogger("vllm").getEffectiveLevel())
+    assert level == logging.WARNING

@@ -74,8 +74,9 @@ def run(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_the_entry_point_refuses_megatron_on_a_cpu_machine_in_one_line(tmp_path) -> None:
+    # POSTTRAIN_VERBOSE: Ray's start-up banner would show if Ray started (it is quiet otherwise).
     result = run(sys.executable, "examples/run_grpo.py", "policy.backend=megatron", f"logger.log_dir={tmp_path}",
-                 CUDA_VISIBLE_DEVICES="")
+                 CUDA_VISIBLE_DEVICES="", POSTTRAIN_VERBOSE="1")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: policy.backend=megatron"), lines

@@ -181,12 +181,13 @@ def test_a_non_finite_gradient_skips_the_step_and_training_goes_on(noisy_tiny) -
 def test_refit_into_the_hf_engine_makes_it_score_like_the_trainer(noisy_tiny) -> None:
     """After a train step the engine, loaded with ``get_weights``, scores completions as the
     Megatron trainer does (the weight-sync probe's comparison), and differently from before."""
+    from posttrain.config import GenerationWorkerConfig
     from posttrain.models.generation.hf_generation_worker import HfGenerationWorkerImpl
 
     worker = make_worker("megatron", noisy_tiny, lr=1e-2)
     batch = random_batch(hf_model(noisy_tiny).config.vocab_size)
     worker.train(batch, grpo_extra(worker, batch), ClippedPGLoss())
-    engine = HfGenerationWorkerImpl(noisy_tiny, device="cuda")
+    engine = HfGenerationWorkerImpl(noisy_tiny, GenerationWorkerConfig(device="cuda"))
     prompts = [row[:p].tolist() for row, p in zip(batch.input_ids, batch.prompt_lens, strict=True)]
     comps = [row[p:p + n].tolist() for row, p, n in zip(batch.input_ids, batch.prompt_lens, batch.completion_lens,
                                                          strict=True)]

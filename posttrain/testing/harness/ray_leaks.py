@@ -69,7 +69,8 @@ def _kill(ids: set[str]) -> None:
     for aid in ids & set(now.actors if now else ()):
         try:
             # the test dropped its handle: kill by id, as ray.kill does with a handle
-            ray._private.worker.global_worker.core_worker.kill_actor(ray._raylet.ActorID.from_hex(aid), True)
+            ray._private.worker.global_worker.core_worker.kill_actor(  # type: ignore[attr-defined]
+                ray._raylet.ActorID.from_hex(aid), True)
         except Exception:  # noqa: BLE001 -- cleanup is best effort; the error is already reported
             pass
     for pid in ids & set(now.placement_groups if now else ()):

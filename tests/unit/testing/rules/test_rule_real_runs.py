@@ -29,8 +29,8 @@ from posttrain.testing import check_metrics as check_metrics
 from posttrain.testing.rules.checker import CheckOptions, RuleSpec, normalize, run_checks
 from posttrain.testing.rules.packs import pack_rules
 
-ROOT = Path(__file__).resolve().parents[3]
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "metrics"
+ROOT = Path(__file__).resolve().parents[4]
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 
 
 # grpo.sh and grpo_non_colocated.sh differ only in placement: their rules live in common.sh.

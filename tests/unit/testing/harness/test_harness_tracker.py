@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from harness import memory
-from harness.tracker import Tracker
+
+from posttrain.testing.harness import memory
+from posttrain.testing.harness.tracker import Tracker
 
 # get_max_mem() reports GPU memory wherever NVML sees a GPU; the CPU-path tests cannot apply there.
 cpu_path_only = pytest.mark.skipif(bool(memory.gpu_used_gib()),

@@ -27,7 +27,7 @@ from typing import Any
 
 HOOK_ENV = "RAY_RUNTIME_ENV_HOOK"
 CONFIG_ENV = "POSTTRAIN_RAY_WORKER_COVERAGE"
-HOOK = "harness.coverage_ray.add_worker_coverage"
+HOOK = "posttrain.testing.harness.coverage_ray.add_worker_coverage"
 SAVE_TIMEOUT_S = 10.0
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness import memory
+from posttrain.testing.harness import memory
 
 
 class Tracker:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 
 import pytest
 
-from harness.configurations import PlanError, Table, load_table
+from posttrain.testing.harness.configurations import PlanError, Table, load_table
+from posttrain.testing.harness.remote_testmon import UNAFFECTED
+from posttrain.testing.harness.shards import OTHER_SHARDS
 
 NOTHING_RAN = pytest.ExitCode.NO_TESTS_COLLECTED  # 5: the same status as "no test selected"
 
@@ -44,14 +47,17 @@ def deselection_summary(items: Iterable[pytest.Item], table: Table) -> list[str]
 
 
 class Selection:
-    """pytest hooks for selection; ``num_gpus`` comes from ``harness.machine.count_gpus``."""
+    """pytest hooks for selection; ``num_gpus`` comes from ``machine.count_gpus``, ``table_path``
+    is the configuration table whose flags the deselection report names."""
 
-    def __init__(self, num_gpus: int, fail_on_nothing_ran: bool):
+    def __init__(self, num_gpus: int, fail_on_nothing_ran: bool, table_path: Path):
         self.num_gpus = num_gpus
+        self.table_path = table_path
         self.fail_on_nothing_ran = fail_on_nothing_ran
         self.deselected: list[pytest.Item] = []
         self.ran = 0
         self.nothing_ran = False
+        self.nothing_to_rerun = False
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -70,18 +76,39 @@ class Selection:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.fail_on_nothing_ran and exitstatus in (pytest.ExitCode.OK, NOTHING_RAN) and self.ran == 0:
+            if session.config.stash.get(UNAFFECTED, frozenset()):
+                # --testmon found no test affected by the edits: nothing to do is the right answer
+                self.nothing_to_rerun = True
+                session.exitstatus = pytest.ExitCode.OK
+                return
             session.exitstatus = NOTHING_RAN
             self.nothing_ran = True
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if self.deselected:
-            try:
-                lines = deselection_summary(self.deselected, load_table())
+        unaffected = terminalreporter.config.stash.get(UNAFFECTED, frozenset())
+        if self.deselected or unaffected:
+            # --shard's deselections are one line, not counted by marker (they carry no reason of their own)
+            other = terminalreporter.config.stash.get(OTHER_SHARDS, None)
+            sharded = [i for i in self.deselected if other is not None and i.nodeid in other.nodeids]
+            # plain testmon hands over stand-in objects without markers
+            stand_ins = [i for i in self.deselected if not hasattr(i, "get_closest_marker")]
+            reasoned = {id(i) for i in sharded + stand_ins}
+            rest = [i for i in self.deselected if id(i) not in reasoned and i.nodeid not in unaffected]
+            try:  # without a table (another project's tree) the lines just count
+                table = load_table(self.table_path) if self.table_path.exists() else Table((), ())
+                lines = deselection_summary(rest, table)
             except PlanError as e:
                 lines = [str(e)]
+            if sharded and other is not None:
+                lines.append(f"{len(sharded)} deselected: in other shards (--shard {other.shard})")
+            if unaffected or stand_ins:
+                n = len(unaffected | {i.nodeid for i in stand_ins})
+                lines.append(f"{n} deselected: unaffected by your edits (--testmon)")
             terminalreporter.section("deselected by the configuration", sep="-")
             for line in lines:
                 terminalreporter.write_line(line)
         if self.nothing_ran:
             terminalreporter.write_line("nothing was tested: no test selected, or every selected test skipped (exit 5)",
                                         red=True)
+        if self.nothing_to_rerun:
+            terminalreporter.write_line("nothing to re-run: no selected test is affected by your edits (--testmon)")

@@ -5,10 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from harness.configurations import FIXED_PYTEST_ARGS, PlanError, load_table, make_plan, render_markdown
 
-REPO = Path(__file__).resolve().parents[3]
-TABLE = load_table()
+from posttrain.testing.harness.configurations import (
+    FIXED_PYTEST_ARGS,
+    PlanError,
+    check_flags,
+    load_table,
+    make_plan,
+    render_markdown,
+    usage,
+)
+
+REPO = Path(__file__).resolve().parents[4]
+TABLE = load_table(REPO / "tests" / "configurations.toml")
 
 
 def everything_importable(_package: str) -> bool:
@@ -56,6 +65,48 @@ def test_table_without_a_default_row_is_rejected(tmp_path):
 
 def test_docs_show_the_table_as_it_is():
     """docs/testing.md carries the rendered table verbatim: regenerate it with
-    `python tests/harness/configurations.py --markdown` after editing tests/configurations.toml."""
+    `python -m posttrain.testing.harness.configurations --markdown` after editing tests/configurations.toml."""
     docs = (REPO / "docs" / "testing.md").read_text(encoding="utf-8")
     assert render_markdown(TABLE) in docs
+
+
+PYTEST_OPTIONS = {"--durations", "--testmon", "--cov", "--lf"}
+
+
+def test_unknown_flags_are_refused_with_the_closest_known_ones():
+    with pytest.raises(PlanError, match=r"^unknown flag --vlm-only; did you mean --vllm-only"):
+        make_plan(["--vlm-only"], num_gpus=0, table=TABLE, importable=everything_importable,
+                  known=lambda: PYTEST_OPTIONS)
+    with pytest.raises(PlanError, match=r"^unknown flag --testmn; did you mean --testmon\?$"):
+        check_flags(["-x", "--testmn"], TABLE, known=lambda: PYTEST_OPTIONS)
+    with pytest.raises(PlanError, match=r"^unknown flag --zzz; see bash tests/run_unit.sh --help$"):
+        check_flags(["--zzz"], TABLE, known=lambda: PYTEST_OPTIONS)
+
+
+def test_known_flags_pass_and_pytest_is_asked_only_when_needed():
+    def never() -> set[str]:
+        raise AssertionError("pytest's options were read for flags that are all run_unit.sh's")
+
+    check_flags(["--vllm-only", "--hf-gated", "-x", "-k", "refit", "tests/unit"], TABLE, known=never)
+    check_flags(["--cov=posttrain", "--durations", "5", "--lf"], TABLE, known=lambda: PYTEST_OPTIONS)
+    check_flags(["--", "--not-a-flag"], TABLE, known=never)  # after "--": arguments, not flags
+
+
+def test_the_real_pytest_options_include_the_plugins():
+    from posttrain.testing.harness.configurations import pytest_long_options
+
+    options = pytest_long_options()
+    assert {"--durations", "--fail-on-nothing-ran", "--testmon", "--cov"} <= options
+
+
+def test_usage_names_every_flag_of_the_table_with_its_extra():
+    text = usage(TABLE)
+    for c in TABLE.configurations:
+        assert c.help in text and f"tests matching: {c.select};" in text
+        if c.flag:
+            assert f"  {c.flag} " in text
+        if c.extra:
+            assert f"uv extra: {c.extra}" in text
+    for m in TABLE.modifiers:
+        assert f"  {m.flag} " in text and m.help in text
+    assert "Exit status" in text and "5 nothing was tested" in text

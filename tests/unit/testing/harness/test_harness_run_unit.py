@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-TREE = "tests/unit/harness/fixture_tree/case_markers.py"
+REPO = Path(__file__).resolve().parents[4]
+TREE = "tests/unit/testing/harness/fixture_tree/case_markers.py"
 # The default configuration on a 1-GPU machine (POSTTRAIN_NUM_GPUS=1).
 DEFAULT = {"test_plain": "PASSED", "test_slow": "PASSED", "test_gpu1": "PASSED", "test_gpu2": "SKIPPED",
            "test_param[1]": "PASSED", "test_param[2]": "PASSED"}
@@ -121,3 +121,19 @@ def test_unit_results_written_where_redirected(default_run):
     assert all(m["_elapsed"] >= 0 for m in results["metrics"].values())
     assert results["coverage"] == "n/a (run without --cov)"
     assert len(list((results_dir / "unit_results").glob("*.json"))) == 1
+
+
+def test_help_prints_the_configurations_and_runs_nothing(tmp_path):
+    proc = run_unit(tmp_path, "--help", tree=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: uv run --group test bash tests/run_unit.sh")
+    assert "--vllm-only" in proc.stdout and "Exit status" in proc.stdout
+    assert "collected" not in proc.stdout  # pytest never started
+
+
+@pytest.mark.parametrize(("flag", "message"), [("--vlm-only", "unknown flag --vlm-only; did you mean --vllm-only"),
+                                               ("-Z", "pytest refused the arguments")])
+def test_unknown_flags_exit_2(tmp_path, flag, message):
+    proc = run_unit(tmp_path, flag)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr

@@ -6,7 +6,7 @@ Ray cluster of the ``ray_cluster`` fixture and start no Ray of their own.
 
 from __future__ import annotations
 
-from harness.ray_leaks import LiveRayObjects, leaked, live_ray_objects
+from posttrain.testing.harness.ray_leaks import LiveRayObjects, leaked, live_ray_objects
 
 INNER = '''
 import pytest
@@ -58,7 +58,7 @@ def test_leaks_placement_group():
 def test_leaked_actor_and_placement_group_error_and_fixture_held_ones_do_not(ray_cluster, pytester, monkeypatch):
     monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
     pytester.makepyfile(test_inner=INNER)
-    result = pytester.runpytest_inprocess("-p", "harness.plugin", "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess("-o", "posttrain_harness=true", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=5, errors=2)
     result.stdout.fnmatch_lines([
         "*ERROR at teardown of test_leaks_actor*",

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-TREE = REPO / "tests/unit/harness/fixture_tree"
+REPO = Path(__file__).resolve().parents[4]
+TREE = REPO / "tests/unit/testing/harness/fixture_tree"
 
 
 @pytest.mark.slow

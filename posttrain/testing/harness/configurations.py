@@ -1,4 +1,5 @@
-"""run_unit.sh's configurations: the table in ``tests/configurations.toml`` and the plan it gives.
+"""run_unit.sh's configurations: a table (``tests/configurations.toml`` in posttrain's own
+repository) and the plan it gives.
 
 :func:`make_plan` turns run_unit.sh's arguments into pytest's (or a usage error, or the
 ``uv run --extra ...`` line to use when the configuration's extra is missing). It is a pure
@@ -6,23 +7,32 @@ function of the arguments, the GPU count and what is importable, tested without 
 
 Command line (what run_unit.sh calls)::
 
-    python tests/harness/configurations.py plan -- ARGS...   # pytest args, NUL-separated, on stdout
-    python tests/harness/configurations.py --markdown        # the table of docs/testing.md
+    python -m posttrain.testing.harness.configurations [--table T] plan -- ARGS...  # pytest args, NUL-separated
+    python -m posttrain.testing.harness.configurations [--table T] --markdown       # the table of docs/testing.md
+
+``T`` defaults to ``tests/configurations.toml`` under the current directory (``TABLE_PATH``).
 
 ``plan`` exits 2 with one message line on stderr for a usage error or a missing extra.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
+import re
 import shlex
+import subprocess
 import sys
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-TABLE_PATH = Path(__file__).resolve().parent.parent / "configurations.toml"
+from posttrain.testing.harness.machine import count_gpus
+
+# Relative: the repository root of the project under test (run_unit.sh runs from there; the
+# pytest plugin resolves it against pytest's rootdir, see its ``posttrain_configurations`` ini).
+TABLE_PATH = Path("tests") / "configurations.toml"
 # Always on in run_unit.sh: CI logs show the slowest tests, and a run that ran nothing fails.
 FIXED_PYTEST_ARGS = ("--durations=10", "--fail-on-nothing-ran")
 
@@ -120,17 +130,68 @@ def is_importable(package: str) -> bool:
         return False
 
 
+def pytest_long_options() -> set[str]:
+    """Every ``--option`` that ``python -m pytest --help`` lists (plugins included)."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"], capture_output=True,
+                         text=True, timeout=120)
+    return set(re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", out.stdout))
+
+
+def check_flags(argv: Sequence[str], table: Table, known: Callable[[], set[str]] = pytest_long_options) -> None:
+    """Every ``--flag`` in ``argv`` is run_unit.sh's or pytest's (``known`` is asked only when
+    one is neither a configuration nor a modifier flag; arguments after ``--`` are not flags).
+
+    Raises:
+        PlanError: an unknown flag, with the closest known ones ("did you mean ...").
+    """
+    ours = {c.flag for c in table.configurations if c.flag} | {m.flag for m in table.modifiers}
+    flags = [a.split("=", 1)[0] for a in (argv[:list(argv).index("--")] if "--" in argv else argv)]
+    unknown = [a for a in flags if a.startswith("--") and len(a) > 2 and a not in ours]
+    if not unknown:
+        return
+    options = known() | ours
+    for flag in unknown:
+        if flag not in options:
+            close = difflib.get_close_matches(flag, sorted(options), n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(close)}?" if close else "; see bash tests/run_unit.sh --help"
+            raise PlanError(f"unknown flag {flag}{hint}")
+
+
+def usage(table: Table) -> str:
+    """run_unit.sh's ``--help``: its configurations (from the table), their extras, exit codes."""
+    lines = ["usage: uv run --group test bash tests/run_unit.sh [CONFIGURATION] [MODIFIER...] [pytest args / paths...]",
+             "", "Configurations (one at most; the default runs when none is given):"]
+    for c in table.configurations:
+        extra = c.extra + (f" ({c.extra_gpu} with GPUs)" if c.extra_gpu else "") if c.extra else "none"
+        lines.append(f"  {c.flag or '(none)':16} {c.help}")
+        lines.append(f"  {'':16} tests matching: {c.select}; uv extra: {extra}")
+    lines += ["", "Modifiers (combine with any configuration):"]
+    lines += [f"  {m.flag:16} {m.help}" for m in table.modifiers]
+    lines += ["", "Everything else goes to pytest unchanged (`python -m pytest --help` lists its options); useful:",
+              "  -m EXPR          replaces the configuration's marker filter",
+              "  --testmon        run only the tests affected by your edits (code inside Ray actors included)",
+              "  --shard I/N      run the I-th of N deterministic, duration-balanced parts (CI's matrix)",
+              "  --cov=posttrain  coverage, Ray workers included",
+              "", "Exit status: pytest's (0 passed, 1 failures); 2 usage error, unknown flag or missing uv extra",
+              "(the `uv run --extra ...` line to use is printed); 5 nothing was tested (no test selected, or",
+              "every selected test skipped)."]
+    return "\n".join(lines)
+
+
 def make_plan(argv: Sequence[str], num_gpus: int, table: Table,
-              importable: Callable[[str], bool] = is_importable) -> Plan:
+              importable: Callable[[str], bool] = is_importable,
+              known: Callable[[], set[str]] = pytest_long_options) -> Plan:
     """Pick the configuration from run_unit.sh's ``argv`` and build pytest's arguments.
 
     A user's ``-m EXPR`` replaces the configuration's marker filter; every argument that is
     not a configuration flag goes to pytest unchanged, in order.
 
     Raises:
-        PlanError: two ``-only`` flags, ``-m`` without an expression, or the configuration's
-            package not importable (the message holds the exact ``uv run --extra`` line).
+        PlanError: two ``-only`` flags, ``-m`` without an expression, an unknown ``--flag``
+            (with a did-you-mean), or the configuration's package not importable (the
+            message holds the exact ``uv run --extra`` line).
     """
+    check_flags(argv, table, known)
     by_flag = {c.flag: c for c in table.configurations if c.flag}
     modifier_flags = {m.flag: m for m in table.modifiers}
     chosen: Configuration | None = None
@@ -193,18 +254,23 @@ def describe(plan: Plan, num_gpus: int) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    if list(argv[:1]) == ["--markdown"]:
-        print(render_markdown(load_table()))
-        return 0
-    if list(argv[:2]) != ["plan", "--"]:
-        print("usage: configurations.py plan -- ARGS... | --markdown", file=sys.stderr)
-        return 2
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from harness.machine import count_gpus
-
+    args = list(argv)
+    table_path = TABLE_PATH
+    if args[:1] == ["--table"] and len(args) > 1:
+        table_path, args = Path(args[1]), args[2:]
     try:
+        if args[:1] == ["--markdown"]:
+            print(render_markdown(load_table(table_path)))
+            return 0
+        if args[:1] == ["plan"] and any(a in ("-h", "--help") for a in args[2:]):
+            print(usage(load_table(table_path)))
+            return 3  # run_unit.sh: help shown, exit 0 without running pytest
+        if args[:2] != ["plan", "--"]:
+            print("usage: python -m posttrain.testing.harness.configurations [--table T] plan -- ARGS... | --markdown",
+                  file=sys.stderr)
+            return 2
         num_gpus = count_gpus()
-        plan = make_plan(argv[2:], num_gpus, load_table())
+        plan = make_plan(args[2:], num_gpus, load_table(table_path))
     except (PlanError, ValueError) as e:
         print(f"run_unit.sh: {e}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness.machine import cpu_model, gpu_names
+from posttrain.testing.harness.machine import cpu_model, gpu_names
 
 RESULTS_DIR_ENV = "POSTTRAIN_UNIT_RESULTS_DIR"
 NO_COVERAGE = "n/a (run without --cov)"

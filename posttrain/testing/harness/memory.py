@@ -84,7 +84,7 @@ def ray_worker_pids(raylet_pid: int) -> list[int]:
 def gpu_used_gib() -> list[float]:
     """Memory in use on each GPU this node's NVML sees, GiB; [] without pynvml or a driver."""
     try:
-        import pynvml
+        import pynvml  # type: ignore[import-untyped]
     except ImportError:
         return []
     try:

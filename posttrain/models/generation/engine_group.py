@@ -1,0 +1,97 @@
+"""The one driver-side ``Generation``: a data-parallel group of engine actors.
+
+Both backends run behind it, the Hugging Face worker (``hf_generation_worker``) and the
+vLLM worker (``vllm/vllm_generation_worker``); they differ only inside the worker. The
+driver shards prompts over the engines, gathers their outputs in order, sends refits
+through the object store once, and insists that every engine holds the same weights.
+Errors come back as the workers' own one-line :class:`~posttrain.errors.PosttrainError`
+(``RayWorkerGroup`` unwraps Ray's task error), never as a Ray traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from posttrain.config import GenerationWorkerConfig
+from posttrain.distributed.ray_cluster import RayVirtualCluster
+from posttrain.distributed.worker_group import RayWorkerGroup
+from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
+from posttrain.models.generation.sharding import agreed_version, contiguous_shards, gather_outputs
+
+
+class EngineGroup:
+    """``Generation`` backed by one engine per Ray actor.
+
+    Args:
+        cluster: virtual cluster to place the engines on.
+        worker_cls: the ``ray.remote`` engine class (``HfGenerationWorker`` or
+            ``VllmGenerationWorker``): ``start``, ``generate``, ``score``, ``update_weights``,
+            ``weight_version``, constructed as ``(model_path, cfg, rank=r)``.
+        model_path: Hugging Face model directory (initial weights).
+        cfg: the workers' config (the same for every engine).
+        bundle_indices: one engine per listed bundle.
+        reserve: False for engines colocated on the policy's bundle (they reserve nothing,
+            see ``RayWorkerGroup``).
+        who: how errors name the engines, e.g. "vLLM engines".
+
+    The engines start in the background: the constructor returns at once and
+    :meth:`wait_ready` collects their start-up, so the policy can start meanwhile.
+    """
+
+    def __init__(self, cluster: RayVirtualCluster, worker_cls: Any, model_path: str, cfg: GenerationWorkerConfig,
+                 bundle_indices: list[int], reserve: bool = True, who: str = "generation engines"):
+        self.group = RayWorkerGroup(cluster, worker_cls, model_path, cfg, bundle_indices=bundle_indices,
+                                    reserve=reserve)
+        self.model_path = model_path
+        self.who = who
+        self._starting = self.group.submit_all("start")
+
+    def wait_ready(self) -> None:
+        """Block until every engine has started; on failure the engines are killed first.
+
+        Raises:
+            WorkerStartError: an engine's constructor raised (one line).
+            EngineStartError, ConfigError: an engine did not start (one line from the worker,
+                e.g. a KV cache that does not fit).
+        """
+        try:
+            self.group.wait_ready(f"{self.group.name} for '{self.model_path}'")
+            self.group.gather(self._starting, "start")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
+        """Split ``prompts`` into contiguous shards, one per engine, and gather in order.
+
+        Raises:
+            StaleWeightsError: the engines report different weight versions, or one is
+                labelled or stamped with another version than the one it was last given.
+        """
+        shards = contiguous_shards(prompts, len(self.group))
+        return gather_outputs(self.group.run_sharded("generate", shards, params=params), self.who)
+
+    def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
+        """Teacher-forced logprobs of ``completions`` (see ``Generation.score``), sharded like :meth:`generate`."""
+        n = len(self.group)
+        shards = self.group.run_sharded("score", contiguous_shards(prompts, n), contiguous_shards(completions, n),
+                                        temperature=temperature)
+        return [row for rows in shards for row in rows]
+
+    def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Refit: the weights go into the object store once; every engine loads that copy."""
+        self.group.run_all("update_weights", weights, version)
+
+    def weight_version(self) -> int:
+        """The engines' weight version.
+
+        Raises:
+            StaleWeightsError: the engines disagree.
+        """
+        return agreed_version(self.group.run_all("weight_version"), self.who)
+
+    def shutdown(self) -> None:
+        """Kill every engine actor (their bundles stay with the cluster)."""
+        self.group.shutdown()

@@ -1,0 +1,119 @@
+"""The harness's pytest hooks (thin: the decisions live in the sibling modules).
+
+Loaded by pytest through the ``pytest11`` entry point ``posttrain``; inert unless the ini
+sets ``posttrain_harness = true``. Then it adds ``gpu(n)`` skips, the deselection report,
+``--fail-on-nothing-ran``, the Ray leak check and ``unit_results.json``; the ``tracker``
+fixture records per-test metrics into that file.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from posttrain.testing.harness import coverage_ray, results, shards
+from posttrain.testing.harness.configurations import TABLE_PATH
+from posttrain.testing.harness.machine import count_gpus
+from posttrain.testing.harness.ray_leaks import RayLeakCheck
+from posttrain.testing.harness.remote_testmon import RemoteTestmon, add_remote_testmon_options, testmon_asked
+from posttrain.testing.harness.selection import Selection
+from posttrain.testing.harness.tracker import Tracker
+
+METRICS = pytest.StashKey[dict[str, dict[str, Any]]]()
+START = pytest.StashKey[datetime]()
+GPU_MARKER = "gpu(n): needs n GPUs; skipped with the reason 'needs n GPUs, found m' when fewer are present"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("posttrain_harness", type="bool", default=False,
+                  help="turn on posttrain's test harness (gpu(n) skips, Ray leak check, unit_results.json)")
+    parser.addini("posttrain_configurations", default=str(TABLE_PATH),
+                  help="run_unit.sh's configuration table, relative to the rootdir (for the deselection report)")
+    group = parser.getgroup("posttrain harness")
+    group.addoption("--fail-on-nothing-ran", action="store_true",
+                    help="exit 5 when no test ran (none selected, or all skipped); run_unit.sh passes it")
+    group.addoption("--no-unit-results", action="store_true", help="do not write unit_results.json")
+    group.addoption("--shard", metavar="I/N", default=None,
+                    help="run only the I-th of N deterministic parts of the selected tests, balanced by recorded "
+                         "durations; a module's tests stay together")
+    group.addoption("--shard-durations", metavar="PATH", default=None,
+                    help="durations for --shard: unit_results.json or {nodeid: seconds} JSON (default: "
+                         "tests/durations.json, else the current unit_results.json)")
+    add_remote_testmon_options(parser)
+
+
+def enabled(config: pytest.Config) -> bool:
+    """Whether the project turned the harness on (``posttrain_harness = true``)."""
+    return bool(config.getini("posttrain_harness"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not enabled(config):
+        return
+    config.addinivalue_line("markers", GPU_MARKER)
+    config.stash[METRICS] = {}
+    config.stash[START] = datetime.now(UTC)
+    try:
+        num_gpus = count_gpus()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    table = config.rootpath / Path(config.getini("posttrain_configurations"))
+    config.pluginmanager.register(Selection(num_gpus, config.getoption("fail_on_nothing_ran"), table),
+                                  "posttrain-selection")
+    config.pluginmanager.register(RayLeakCheck(), "posttrain-ray-leaks")
+    config.pluginmanager.register(UnitResults(config), "posttrain-unit-results")
+    if config.getoption("shard") is not None:
+        config.pluginmanager.register(shards.Sharding.from_options(config), "posttrain-shards")
+    if testmon_asked(config):  # re-selects what testmon cannot see run: code inside Ray actors
+        config.pluginmanager.register(RemoteTestmon(config), "posttrain-remote-testmon")
+
+
+@pytest.fixture
+def tracker(request: pytest.FixtureRequest) -> Tracker:
+    """Record named metrics of this test into unit_results.json (see ``posttrain.testing.harness.tracker``).
+
+    Raises:
+        pytest.UsageError: the harness is off (``posttrain_harness`` not set in the ini).
+    """
+    if METRICS not in request.config.stash:
+        raise pytest.UsageError("the tracker fixture needs posttrain's harness: set posttrain_harness = true "
+                                "in the pytest ini")
+    return Tracker(request.node.nodeid, request.config.stash[METRICS])
+
+
+@pytest.hookimpl(trylast=True)  # pytest-cov has started its coverage by then
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not enabled(session.config):
+        return
+    cov_plugin = session.config.pluginmanager.getplugin("_cov")
+    controller = getattr(cov_plugin, "cov_controller", None)
+    if controller is not None and getattr(controller, "cov", None) is not None:
+        coverage_ray.enable_for_ray_workers(controller.cov)
+
+
+class UnitResults:
+    """Collects ``_elapsed`` of every test and writes unit_results.json at the session's end."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            self.config.stash[METRICS].setdefault(report.nodeid, {})["_elapsed"] = round(report.duration, 4)
+
+    @pytest.hookimpl(trylast=True)  # after pytest-cov computed its total and the exit status is final
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        config = self.config
+        if config.getoption("no_unit_results") or config.getoption("collectonly") or hasattr(config, "workerinput"):
+            return
+        cov_plugin = config.pluginmanager.getplugin("_cov")
+        coverage = getattr(cov_plugin, "cov_total", None) if cov_plugin is not None else None
+        doc = results.build(session.exitstatus, config.stash[START], config.stash[METRICS], coverage,
+                            config.rootpath)
+        latest, _ = results.write(doc, results.results_dir(config.rootpath))
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"unit results: {latest}")

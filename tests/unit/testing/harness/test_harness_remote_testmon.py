@@ -1,0 +1,235 @@
+"""Remote-aware testmon (posttrain.testing.harness.remote_testmon): with ``--testmon``, a test whose
+imported code changed runs again even when that code only runs in another process (a Ray actor in
+posttrain; a subprocess here), where testmon's coverage cannot see it.
+
+The inner runs are real pytest processes on a small tree: package ``mypkg`` with a driver module and a
+worker module whose function body only ever runs in a subprocess. Which tests ran is read from the
+harness's unit_results.json (one entry per test whose call phase ran).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from posttrain.testing.harness.remote_testmon import MAP_FILE, STATE_FILE, ImportMap
+
+REPO_TABLE = Path(__file__).resolve().parents[4] / "tests" / "configurations.toml"
+
+TREE = {
+    "mypkg/__init__.py": "",
+    "mypkg/driver.py": "def double(x):\n    return 2 * x\n",
+    # Only its module level runs in the test process (imported by remote.py); work()'s body runs in a child.
+    "mypkg/worker.py": "def work(x):\n    return x + 1\n",
+    "mypkg/remote.py": '''
+import subprocess
+import sys
+from pathlib import Path
+
+from mypkg import worker  # noqa: F401 (the actor class would be defined here, its methods run elsewhere)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_remote(x):
+    code = f"from mypkg.worker import work; print(work({x}))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return int(out.stdout)
+''',
+    "test_driver.py": '''
+from mypkg.driver import double
+
+def test_double():
+    assert double(2) == 4
+
+def test_double_zero():
+    assert double(0) == 0
+''',
+    "test_worker.py": '''
+def test_work():
+    from mypkg.remote import run_remote  # imported lazily, as posttrain's tests do
+    assert run_remote(2) == 3
+''',
+    "test_plain.py": "def test_plain():\n    assert True\n",
+}
+ALL = ["test_driver.py::test_double", "test_driver.py::test_double_zero", "test_plain.py::test_plain",
+       "test_worker.py::test_work"]
+DRIVER_TESTS = ["test_driver.py::test_double", "test_driver.py::test_double_zero"]
+WORKER_TESTS = ["test_worker.py::test_work"]
+
+
+class Tree:
+    """The pytester directory holding TREE, and inner ``pytest --testmon`` runs in it."""
+
+    def __init__(self, pytester: pytest.Pytester):
+        self.pytester = pytester
+        self.path = pytester.path
+        for name, text in TREE.items():
+            (self.path / name).parent.mkdir(parents=True, exist_ok=True)
+            (self.path / name).write_text(text)
+        pytester.makeini("[pytest]\n")  # pins the rootdir to the tree
+
+    def edit(self, name: str, old: str, new: str) -> None:
+        path = self.path / name
+        text = path.read_text()
+        assert old in text
+        path.write_text(text.replace(old, new))
+
+    def run(self, *args: str, ret: int = 0) -> pytest.RunResult:
+        """One inner run; its exit status must be ``ret`` (an INTERNALERROR after the tests ran is 3)."""
+        # The repository's configuration table makes the harness's deselection report read the markers
+        # of every deselected item, as in a real run (testmon's own placeholders have none).
+        result = self.pytester.runpytest_subprocess(
+            "-o", "posttrain_harness=true", "-o", "posttrain_remote_packages=mypkg",
+            "-o", f"posttrain_configurations={REPO_TABLE}", "--testmon", *args, timeout=120)
+        assert result.ret == ret, result.stdout.str() + result.stderr.str()
+        return result
+
+    def ran(self) -> list[str]:
+        """Node ids whose call phase ran in the latest inner run."""
+        doc = json.loads((self.path / "results" / "unit_results.json").read_text())
+        return sorted(doc["metrics"])
+
+    def seed(self) -> None:
+        self.run()
+        assert self.ran() == ALL
+
+
+@pytest.fixture
+def tree(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Tree:
+    monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
+    monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "0")
+    monkeypatch.delenv("TESTMON_DATAFILE", raising=False)  # an outer --testmon run must not lend its data file
+    return Tree(pytester)
+
+
+def test_the_first_run_seeds_and_runs_everything(tree):
+    result = tree.run()
+    assert tree.ran() == ALL
+    result.stdout.fnmatch_lines(["remote-aware testmon: +0 tests re-selected; 3 test modules seeded (no map entry)"])
+    mapping = json.loads((tree.path / MAP_FILE).read_text())
+    # the lazy import inside test_work reaches worker.py through remote.py
+    assert mapping == {"test_driver.py": ["mypkg/__init__.py", "mypkg/driver.py"], "test_plain.py": [],
+                       "test_worker.py": ["mypkg/__init__.py", "mypkg/remote.py", "mypkg/worker.py"]}
+    state = json.loads((tree.path / STATE_FILE).read_text())
+    assert set(state["hashes"]) == {"mypkg/__init__.py", "mypkg/driver.py", "mypkg/remote.py", "mypkg/worker.py",
+                                    "test_driver.py", "test_plain.py", "test_worker.py"}
+    assert state["pending"] == {}
+
+
+def test_a_second_run_without_edits_deselects_everything(tree):
+    tree.seed()
+    # exit 0 even with run_unit.sh's --fail-on-nothing-ran: nothing affected is not "nothing tested"
+    result = tree.run("--fail-on-nothing-ran")
+    assert tree.ran() == []
+    result.stdout.fnmatch_lines(["*4 deselected: unaffected by your edits (--testmon)",
+                                 "nothing to re-run: no selected test is affected by your edits*"])
+
+
+def test_editing_driver_code_narrows_to_the_tests_that_use_it(tree):
+    tree.seed()
+    tree.edit("mypkg/driver.py", "2 * x", "x * 2")
+    result = tree.run()
+    assert tree.ran() == DRIVER_TESTS
+    # testmon saw this change itself: nothing to add, the changed file is still named
+    result.stdout.fnmatch_lines(["remote-aware testmon: +0 tests re-selected for changed files: mypkg/driver.py"])
+
+
+def test_editing_code_that_runs_only_in_a_worker_reselects_the_tests_that_drive_it(tree):
+    tree.seed()
+    tree.edit("mypkg/worker.py", "x + 1", "1 + x")
+
+    tree.run("--no-remote-map")  # testmon on its own: the worker's body never ran under its coverage
+    assert tree.ran() == []
+
+    result = tree.run()
+    assert tree.ran() == WORKER_TESTS
+    result.stdout.fnmatch_lines(["remote-aware testmon: +1 tests re-selected for changed files: mypkg/worker.py"])
+    tree.run()
+    assert tree.ran() == []
+
+
+def test_k_matches_run_even_when_nothing_changed(tree):
+    tree.seed()
+    tree.run("-k", "double or plain")
+    assert tree.ran() == [*DRIVER_TESTS, "test_plain.py::test_plain"]
+
+
+def test_a_change_stays_pending_for_the_tests_a_run_left_out(tree):
+    tree.seed()
+    tree.edit("mypkg/worker.py", "x + 1", "1 + x")
+    tree.run("-k", "plain")  # passes, but test_work did not run
+    assert tree.ran() == ["test_plain.py::test_plain"]
+    tree.run()
+    assert tree.ran() == WORKER_TESTS
+    tree.run()
+    assert tree.ran() == []
+
+
+def test_the_tiers_marker_filter_keeps_the_selection_on(tree):
+    # run_unit.sh always passes -m (the configuration's marker filter); testmon alone stops selecting then
+    tree.seed()
+    tree.edit("mypkg/worker.py", "x + 1", "1 + x")
+    tree.run("-m", "not slow")
+    assert tree.ran() == WORKER_TESTS
+
+
+def test_a_session_with_a_failure_records_nothing(tree):
+    tree.seed()
+    tree.edit("mypkg/worker.py", "x + 1", "1 + x")
+    tree.edit("test_driver.py", "double(0) == 0", "double(0) == 1")
+    tree.run(ret=1)
+    assert tree.ran() == [*DRIVER_TESTS, *WORKER_TESTS]
+    tree.edit("test_driver.py", "double(0) == 1", "double(0) == 0")
+    result = tree.run()  # the worker change was not recorded: its test runs again, with the one fixed
+    assert tree.ran() == ["test_driver.py::test_double_zero", *WORKER_TESTS]
+    # test_double, stable, is deselected as an item: the harness's deselection report reads it without a crash
+    result.stdout.fnmatch_lines(["*2 passed, 1 deselected*"])
+
+
+def test_deleting_the_two_files_rebuilds_them(tree):
+    tree.seed()
+    (tree.path / MAP_FILE).unlink()
+    (tree.path / STATE_FILE).unlink()
+    result = tree.run()
+    assert tree.ran() == ALL  # testmon alone would run nothing: it has seen no change
+    result.stdout.fnmatch_lines(["remote-aware testmon: +4 tests re-selected; 3 test modules seeded (no map entry)"])
+    assert (tree.path / MAP_FILE).is_file() and (tree.path / STATE_FILE).is_file()
+    tree.run()
+    assert tree.ran() == []
+
+
+def test_the_import_map_follows_lazy_imports_conftests_helpers_and_the_package(tmp_path):
+    files = {
+        "pyproject.toml": "",
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from . import b\n",  # package importing package, relative
+        "pkg/b.py": "import os\n",
+        "pkg/c.py": "from pkg.sub import deep\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/deep.py": "",
+        "pkg/unused.py": "",
+        "tests/conftest.py": (  # applies to every test; a fixture's lazy imports only to the tests requesting it
+            "import pytest\n\n"
+            "def pytest_configure(config):\n    import pkg.c\n\n"
+            "@pytest.fixture\ndef used():\n    import pkg.sub\n\n"
+            "@pytest.fixture(name='renamed')\ndef _renamed():\n    import pkg.unused\n"),
+        "tests/harness/backends.py": "from pkg import a\n",  # on the ini pythonpath (tests)
+        "tests/unit/sub/refit_helpers.py": "import json\n",  # next to the test (its import root)
+        "tests/unit/sub/test_x.py": (
+            "import pytest\n\n"
+            "def test_x():\n    from harness.backends import make\n    from refit_helpers import r\n"),
+        "tests/other/conftest.py": "import pkg.unused\n",  # another directory's: does not apply
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    builder = ImportMap(tmp_path, ["pkg"], [tmp_path / "tests"])
+    test_x = tmp_path / "tests/unit/sub/test_x.py"
+    expected = ["pkg/__init__.py", "pkg/a.py", "pkg/b.py", "pkg/c.py", "pkg/sub/__init__.py", "pkg/sub/deep.py",
+                "tests/conftest.py", "tests/harness/backends.py", "tests/unit/sub/refit_helpers.py"]
+    assert builder.entry(test_x, fixtures=["used"]) == expected
+    assert builder.entry(test_x, fixtures=["used", "renamed"]) == sorted([*expected, "pkg/unused.py"])
+    assert builder.entry(test_x) == sorted([*expected, "pkg/unused.py"])  # fixtures unknown: every body counts
