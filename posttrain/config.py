@@ -265,11 +265,12 @@ def leaf_fields(schema: type[BaseModel], prefix: str = "") -> Iterator[tuple[str
     """``(dotted key, field)`` for every leaf of ``schema``, sections walked into in order
     (``policy.lora.rank``): the keys a ``key.sub=value`` override can set."""
     for name, field in schema.model_fields.items():
+        key = field.alias or name  # the key a config file spells (``grpo.async``, attribute ``async_``)
         kind = field.annotation
         if isinstance(kind, type) and issubclass(kind, BaseModel):
-            yield from leaf_fields(kind, f"{prefix}{name}.")
+            yield from leaf_fields(kind, f"{prefix}{key}.")
         else:
-            yield prefix + name, field
+            yield prefix + key, field
 
 
 S = TypeVar("S", bound=BaseModel)

@@ -55,3 +55,25 @@ class WorkerDiedError(PosttrainError):
     Not bad input: the entry points exit 1. The newest complete checkpoint stays usable."""
 
     exit_code = 1
+
+
+class BufferTimeoutError(PosttrainError):
+    """A rollout buffer's ``put`` found no room, or its ``claim`` not enough samples, within its
+    timeout (a stalled producer or trainer). Not bad input: the entry points exit 1."""
+
+    exit_code = 1
+
+
+class RolloutTagError(PosttrainError, ValueError):
+    """A rollout sample's tags are wrong: a tag missing or not an int, a ``sample_id`` put
+    twice, a group put in pieces or mixing weight versions, a sample newer than the trainer.
+    A bug of the producer, not bad input: the entry points exit 1. (A ``ValueError`` too.)"""
+
+    exit_code = 1
+
+
+class ProducerError(PosttrainError):
+    """The asynchronous rollout producer failed with an error that is not a PosttrainError
+    (its type and first line are kept). Not bad input: exit 1."""
+
+    exit_code = 1

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from posttrain.algorithms import checkpointing
 from posttrain.algorithms.advantages import compute_group_advantages, nonzero_variance_mask
@@ -26,18 +26,42 @@ from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.runtime import Runtime, open_run, refit
 from posttrain.config import RunConfig, Section
 from posttrain.data.batch import TokenBatch, make_batch
+from posttrain.data.chat import ChatEncoder
 from posttrain.data.datasets import load_problems
 from posttrain.data.sampler import EpochSampler
 from posttrain.data.types import MathProblem
 from posttrain.environments.math_verifier import math_reward
 from posttrain.errors import StaleWeightsError
-from posttrain.models.generation.interfaces import SamplingParams
+from posttrain.models.generation.interfaces import Generation, SamplingParams
 from posttrain.ops import masked_mean
 from posttrain.utils.timer import Timer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+class AsyncGRPOConfig(Section):
+    """Asynchronous GRPO (``grpo.async``, see :mod:`posttrain.algorithms.async_grpo`): a
+    producer actor samples the next steps' rollouts while the trainer trains."""
+
+    enabled: bool = False
+    max_staleness: int = Field(
+        1, ge=0, description="k: the producer runs at most k steps ahead and samples drawn by weights more than k "
+        "versions behind the trainer are dropped; 0 reproduces on-policy GRPO")
+    buffer_size: int | None = Field(
+        None, ge=1, description="samples the rollout buffer holds (None: (k + 1) * P * G, the least that never "
+        "stalls the producer)")
+    importance_weight_cap: float | None = Field(
+        None, gt=0, description="None: the PPO ratio is taken against the behaviour (engine) logprobs; C: against "
+        "the trainer's logprobs, times the truncated weight min(pi_trainer / pi_behaviour, C)")
+    claim_timeout_s: float = Field(600.0, gt=0, description="seconds the trainer waits for a step's rollouts")
 
 
 class GRPOConfig(Section):
     """The algorithm's own knobs."""
+
+    # The file spells ``async`` (only that: the attribute name ``async_`` is no config key).
+    model_config = ConfigDict(extra="forbid", strict=True, serialize_by_alias=True)
 
     num_steps: int = Field(200, ge=1)
     num_prompts_per_step: int = Field(16, ge=1)
@@ -48,6 +72,8 @@ class GRPOConfig(Section):
     kl_coef: float = Field(0.0, ge=0)
     val_period: int = Field(50, ge=0, description="steps between validations; 0: only first and last")
     seed: int = 0
+    # ``async`` is a Python keyword: the attribute is ``async_``, the config key ``grpo.async``.
+    async_: AsyncGRPOConfig = Field(AsyncGRPOConfig(), alias="async")
 
 
 class GRPOMasterConfig(RunConfig):
@@ -68,15 +94,18 @@ class Rollouts:
     weight_version: int  # of the weights the engine sampled with
 
 
-def generate_rollouts(rt: Runtime, problems: list[MathProblem], cfg: GRPOMasterConfig, step: int) -> Rollouts:
-    """Sample G completions per problem with the generation engine's current weights."""
+def generate_rollouts(engine: Generation, chat: ChatEncoder, problems: list[MathProblem], cfg: GRPOMasterConfig,
+                      step: int) -> Rollouts:
+    """Sample G completions per problem with ``engine``'s current weights; the sampling seed
+    is a function of ``(grpo.seed, step)``, so step ``step``'s samples do not depend on who
+    asks for them (the synchronous loop or the asynchronous producer) or when."""
     g = cfg.grpo.completions_per_prompt
     repeated = [p for p in problems for _ in range(g)]
-    prompt_ids = [list(rt.chat.prompt(p.question)) for p in repeated]
+    prompt_ids = [list(chat.prompt(p.question)) for p in repeated]
     gen = cfg.generation
     params = SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
                             top_k=gen.top_k, seed=cfg.grpo.seed * 100_003 + step)
-    out = rt.engine.generate(prompt_ids, params)
+    out = engine.generate(prompt_ids, params)
     return Rollouts(repeated, prompt_ids, out.completion_ids, out.logprobs, torch.zeros(len(repeated)),
                     out.weight_version)
 
@@ -93,9 +122,9 @@ def check_on_policy(rollouts: Rollouts, trainer_version: int, step: int) -> None
                                 f"the trainer is at {trainer_version} (stale engine: off-policy samples)")
 
 
-def score_rollouts(rt: Runtime, rollouts: Rollouts) -> None:
+def score_rollouts(tokenizer: PreTrainedTokenizerBase, rollouts: Rollouts) -> None:
     """Fill ``rollouts.rewards`` with the verifier's 1.0 / 0.0 per completion."""
-    texts = rt.tokenizer.batch_decode(rollouts.completion_ids, skip_special_tokens=True)
+    texts = tokenizer.batch_decode(rollouts.completion_ids, skip_special_tokens=True)
     rollouts.rewards = torch.tensor([math_reward(t, p.answer) for t, p in zip(texts, rollouts.problems, strict=True)])
 
 
@@ -156,8 +185,48 @@ def validate(rt: Runtime, val: list[MathProblem], cfg: GRPOMasterConfig) -> dict
     return {"val/accuracy": greedy_accuracy(rt.engine, rt.chat, val, cfg.generation.max_new_tokens)}
 
 
+def learn(rt: Runtime, rollouts: Rollouts, cfg: GRPOMasterConfig, loss_fn: ClippedPGLoss, timer: Timer,
+          trainer_version: int, off_policy: bool = False) -> dict[str, float]:
+    """One policy update from scored rollouts: advantages, the kept rows, old and reference
+    logprobs, the train call; returns the step's ``train/*`` metrics.
+
+    Args:
+        trainer_version: the policy's weight version before this update.
+        off_policy: the rollouts may come from older weights (asynchronous GRPO): the PPO
+            ratio is taken against the engine's (behaviour) logprobs, or, with the loss's
+            ``importance_weight_cap``, against the trainer's old logprobs times the truncated
+            weight (see :class:`ClippedPGLoss`). ``train/token_mult_prob_error`` is reported
+            only when every row was sampled by the trainer's current weights (otherwise the
+            two sides score different weights and the number means nothing).
+    """
+    with timer.time("reward"):
+        advantages, keep = select_rows(rollouts, cfg.grpo)
+        batch, gen_logprobs = to_train_batch(rollouts, keep, rt.tokenizer.pad_token_id)
+    with timer.time("logprobs"):
+        old_logprobs = rt.policy.get_logprobs(batch)
+        ref_logprobs = rt.policy.get_logprobs(batch, reference=True)
+    with timer.time("train"):
+        extra = {"advantages": advantages[keep], "old_logprobs": old_logprobs, "ref_logprobs": ref_logprobs}
+        if off_policy and loss_fn.importance_weight_cap is not None:
+            extra["behaviour_logprobs"] = gen_logprobs
+        elif off_policy:
+            extra["old_logprobs"] = gen_logprobs
+        train_metrics = rt.policy.train(batch, extra, loss_fn)
+    metrics = {f"train/{k}": v for k, v in train_metrics.items()}
+    metrics.update(rollout_metrics(rollouts, cfg.grpo))
+    if rollouts.weight_version == trainer_version:
+        metrics["train/token_mult_prob_error"] = token_mult_prob_error(gen_logprobs, old_logprobs,
+                                                                       batch.completion_mask)
+    return metrics
+
+
 def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
-    """Run GRPO as configured; returns the logged metrics (also in ``<log_dir>/metrics.json``)."""
+    """Run GRPO as configured; returns the logged metrics (also in ``<log_dir>/metrics.json``).
+    With ``grpo.async.enabled`` the asynchronous loop runs instead (:mod:`.async_grpo`)."""
+    if cfg.grpo.async_.enabled:
+        from posttrain.algorithms.async_grpo import train as train_async
+
+        return train_async(cfg)
     train_problems, val_problems = load_problems(cfg.data)
     loss_fn = ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef)
     sampler = EpochSampler(train_problems, cfg.grpo.num_prompts_per_step, cfg.grpo.seed)
@@ -169,25 +238,14 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
             start = time.perf_counter()
             problems = sampler.batch(step)
             with timer.time("generation"):
-                rollouts = generate_rollouts(rt, problems, cfg, step)
-                check_on_policy(rollouts, rt.policy.weight_version, step)
+                rollouts = generate_rollouts(rt.engine, rt.chat, problems, cfg, step)
+                version = rt.policy.weight_version
+                check_on_policy(rollouts, version, step)
             with timer.time("reward"):
-                score_rollouts(rt, rollouts)
-                advantages, keep = select_rows(rollouts, cfg.grpo)
-                batch, gen_logprobs = to_train_batch(rollouts, keep, rt.tokenizer.pad_token_id)
-            with timer.time("logprobs"):
-                old_logprobs = rt.policy.get_logprobs(batch)
-                ref_logprobs = rt.policy.get_logprobs(batch, reference=True)
-            with timer.time("train"):
-                extra = {"advantages": advantages[keep], "old_logprobs": old_logprobs, "ref_logprobs": ref_logprobs}
-                train_metrics = rt.policy.train(batch, extra, loss_fn)
+                score_rollouts(rt.tokenizer, rollouts)
+            metrics = learn(rt, rollouts, cfg, loss_fn, timer, version)
             with timer.time("refit"):  # + the weight-sync probe, which raises over its bound
-                probe_metrics = refit(rt.policy, rt.engine, rt.probe)
-            metrics = {f"train/{k}": v for k, v in train_metrics.items()}
-            metrics.update(probe_metrics)
-            metrics.update(rollout_metrics(rollouts, cfg.grpo))
-            metrics["train/token_mult_prob_error"] = token_mult_prob_error(gen_logprobs, old_logprobs,
-                                                                           batch.completion_mask)
+                metrics.update(refit(rt.policy, rt.engine, rt.probe))
             if is_validation_step(step, cfg.grpo.val_period, cfg.grpo.num_steps):
                 with timer.time("validation"):
                     metrics.update(validate(rt, val_problems, cfg))

@@ -43,13 +43,24 @@ class ClippedPGLoss:
     with ``A`` the sequence's advantage broadcast over its tokens and ``k3`` from
     :func:`kl_k3` against the frozen reference policy.
 
+    Off-policy samples (asynchronous GRPO): either ``old_logprobs`` are the behaviour
+    policy's (the engine's, of the weights that sampled), so the ratio is taken against the
+    policy that drew the tokens; or, with ``importance_weight_cap`` C, ``old_logprobs`` are
+    the trainer's at the start of the step and each token's ``pg`` is multiplied by the
+    truncated importance weight ``w = min(exp(logp_old - logp_behaviour), C)`` (no gradient)
+    from ``data["behaviour_logprobs"]`` (truncated importance sampling: Espeholt et al., 2018,
+    IMPALA, arXiv:1802.01561, Eq. 1; Yao et al., 2025, "Your Efficient RL Framework Secretly
+    Brings You Off-Policy RL Training").
+
     Attributes:
         clip_eps: epsilon of the ratio clip (0.2 in PPO/GRPO).
         kl_coef: beta, weight of the KL penalty (0 disables the term, not the metric).
+        importance_weight_cap: C of the truncated importance weight (None: no weight).
     """
 
     clip_eps: float = 0.2
     kl_coef: float = 0.0
+    importance_weight_cap: float | None = None
 
     def __call__(
         self, logprobs: torch.Tensor, data: dict[str, torch.Tensor], num_tokens: float
@@ -59,12 +70,17 @@ class ClippedPGLoss:
         Args:
             logprobs: ``[B, L]`` float32 current-policy logprobs (with grad).
             data: ``completion_mask [B, L]``, ``advantages [B]``, ``old_logprobs [B, L]``
-                (the policy that sampled / started this step), ``ref_logprobs [B, L]``.
+                (the policy that sampled / started this step), ``ref_logprobs [B, L]``;
+                ``behaviour_logprobs [B, L]`` when ``importance_weight_cap`` is set.
             num_tokens: unmasked tokens in the global batch (> 0).
 
         Returns:
             (scalar loss, metrics summed over this micro-batch's tokens: ``loss``, ``kl``,
-            ``clip_fraction``, divided by ``num_tokens``; ``probs_ratio_min/max`` as min/max).
+            ``clip_fraction`` (and ``importance_weight`` with a cap), divided by ``num_tokens``;
+            ``probs_ratio_min/max`` as min/max).
+
+        Raises:
+            KeyError: ``importance_weight_cap`` is set and ``data`` has no ``behaviour_logprobs``.
         """
         mask = data["completion_mask"]
         advantages = data["advantages"][:, None]  # [B, 1]
@@ -74,6 +90,11 @@ class ClippedPGLoss:
         ratio = torch.exp(log_ratio)  # [B, L]
         clipped = ratio.clamp(1.0 - self.clip_eps, 1.0 + self.clip_eps)
         pg = -torch.minimum(ratio * advantages, clipped * advantages)
+        weight = torch.ones_like(pg)
+        if self.importance_weight_cap is not None:  # (the clamp at 20 only keeps exp finite)
+            behaviour_gap = torch.where(mask > 0, data["old_logprobs"] - data["behaviour_logprobs"], 0.0)
+            weight = behaviour_gap.detach().clamp(max=20.0).exp().clamp(max=self.importance_weight_cap)
+            pg = pg * weight
         kl = kl_k3(logprobs, torch.where(mask > 0, data["ref_logprobs"], logprobs.detach()))
         loss = masked_sum(pg + self.kl_coef * kl, mask) / num_tokens
         with torch.no_grad():
@@ -86,6 +107,8 @@ class ClippedPGLoss:
                 "probs_ratio_min": ratio[real].min().item() if real.any() else 1.0,
                 "probs_ratio_max": ratio[real].max().item() if real.any() else 1.0,
             }
+            if self.importance_weight_cap is not None:
+                metrics["importance_weight"] = (masked_sum(weight, mask) / num_tokens).item()
         return loss, metrics
 
 

@@ -21,6 +21,10 @@ class Timer:
         finally:
             self._durations[name] = self._durations.get(name, 0.0) + time.perf_counter() - start
 
+    def peek(self, name: str) -> float:
+        """Seconds recorded for ``name`` since the last :meth:`pop` (0 if none)."""
+        return self._durations.get(name, 0.0)
+
     def pop(self, prefix: str = "timing/") -> dict[str, float]:
         """Durations so far as ``{prefix + name: seconds}``, then reset."""
         out = {prefix + k: v for k, v in self._durations.items()}

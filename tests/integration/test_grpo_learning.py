@@ -239,7 +239,7 @@ PROBLEMS = [MathProblem(f"{a}+{b}=", str(a + b), str(a + b)) for a, b in [(12, 3
 
 def test_rollouts_come_in_contiguous_groups_of_one_prompt(tokenizer, chat) -> None:
     cfg = grpo_cfg(3, 4)
-    rollouts = grpo.generate_rollouts(fake_runtime(tokenizer, chat, lambda i: True), PROBLEMS, cfg, step=1)
+    rollouts = grpo.generate_rollouts(FakeEngine(tokenizer, lambda i: True), chat, PROBLEMS, cfg, step=1)
     assert len(rollouts.problems) == len(rollouts.completion_ids) == len(rollouts.prompt_ids) == 3 * 4
     for g, problem in enumerate(PROBLEMS):
         assert rollouts.problems[4 * g: 4 * g + 4] == [problem] * 4
@@ -250,8 +250,8 @@ def test_each_reward_is_judged_against_its_own_problem(tokenizer, chat) -> None:
     right = lambda i: i % 3 != 1  # noqa: E731 - a pattern that crosses group boundaries
     cfg = grpo_cfg(3, 4)
     rt = fake_runtime(tokenizer, chat, right)
-    rollouts = grpo.generate_rollouts(rt, PROBLEMS, cfg, step=1)
-    grpo.score_rollouts(rt, rollouts)
+    rollouts = grpo.generate_rollouts(rt.engine, rt.chat, PROBLEMS, cfg, step=1)
+    grpo.score_rollouts(rt.tokenizer, rollouts)
     assert rollouts.rewards.tolist() == [1.0 if right(i) else 0.0 for i in range(12)]
 
 
@@ -259,8 +259,8 @@ def test_group_advantages_are_isolated_per_prompt(tokenizer, chat) -> None:
     cfg = grpo_cfg(3, 4, drop_zero_variance_groups=True)
     right = lambda i: i in (0, 5, 6, 8, 9, 10, 11)  # noqa: E731 - groups: 1/4, 2/4 and 4/4 right
     rt = fake_runtime(tokenizer, chat, right)
-    rollouts = grpo.generate_rollouts(rt, PROBLEMS, cfg, step=1)
-    grpo.score_rollouts(rt, rollouts)
+    rollouts = grpo.generate_rollouts(rt.engine, rt.chat, PROBLEMS, cfg, step=1)
+    grpo.score_rollouts(rt.tokenizer, rollouts)
     advantages, keep = grpo.select_rows(rollouts, cfg.grpo)
     grouped = advantages.view(3, 4)
     torch.testing.assert_close(grouped.mean(1), torch.zeros(3), atol=1e-6, rtol=0)

@@ -59,6 +59,7 @@ class EngineGroup:
         try:
             self.group.wait_ready(f"{self.group.name} for '{self.model_path}'")
             self.group.gather(self._starting, "start")
+            self._starting = []  # done: the group may now be handed to another actor (the rollout producer)
         except BaseException:
             self.shutdown()
             raise

@@ -1,0 +1,162 @@
+"""Asynchronous GRPO: the producer samples step t + 1 while the trainer trains on step t.
+
+The loop (:func:`train`) reads top to bottom:
+
+    claim -> staleness filter -> data-parallel fan-out -> learn -> clear -> pause, refit, resume
+
+A :mod:`rollout producer <posttrain.algorithms.rollout_producer>` actor samples whole steps
+into a :class:`~posttrain.rollouts.buffer.RolloutBuffer` actor, each sample tagged with the
+weight version that drew it; it runs at most ``k = grpo.async.max_staleness`` steps ahead of
+the trainer. Each step the trainer claims one step's samples (N = P * G, FIFO, exclusive),
+drops those drawn by weights more than k versions behind it (whole groups; it raises on a
+bad tag, it never guesses), hands every kept sample to exactly one data-parallel shard,
+trains with the PPO ratio taken against the behaviour (engine) logprobs (off-policy
+correction, see :class:`~posttrain.algorithms.loss_functions.ClippedPGLoss`), clears what it
+consumed and dropped, and refits the engine while the producer is paused (so each batch is
+sampled by one weight version). With k = 0 the producer samples step t + 1 only after step
+t's refit: the samples, and so the run, are the synchronous loop's.
+
+Metrics beyond the synchronous loop's: ``async/staleness_mean``, ``async/staleness_max``
+(trainer version minus sample version, over the claimed samples), ``async/dropped_samples``,
+``async/dropped_fraction``, ``async/buffer_size`` (samples held after the claim: what the
+producer has sampled ahead), ``async/overlap_seconds`` (producer sampling time hidden behind
+the trainer's work this step) and ``timing/generation`` (here: the trainer's wait for rollouts).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+import torch
+
+from posttrain.algorithms import checkpointing
+from posttrain.algorithms.evaluation import is_validation_step
+from posttrain.algorithms.grpo import GRPOMasterConfig, Rollouts, learn, validate
+from posttrain.algorithms.loss_functions import ClippedPGLoss
+from posttrain.algorithms.rollout_producer import start_rollout_producer
+from posttrain.algorithms.runtime import open_run, refit
+from posttrain.data.datasets import load_problems
+from posttrain.data.types import MathProblem
+from posttrain.distributed.worker_group import get_unwrapped
+from posttrain.errors import BufferTimeoutError, ConfigError
+from posttrain.rollouts.buffer import start_rollout_buffer
+from posttrain.rollouts.fan_out import shard_for_data_parallel
+from posttrain.rollouts.filters import StalenessFilter, staleness
+from posttrain.rollouts.samples import RolloutSample
+from posttrain.utils.timer import Timer
+
+# The policies here have one data-parallel rank (HF: one worker; Megatron: tensor parallel
+# only); the fan-out is where more ranks would each take their shard.
+DATA_PARALLEL_SIZE = 1
+# How often a waiting trainer asks the producer whether it failed (s).
+CLAIM_POLL_S = 2.0
+
+
+def buffer_capacity(cfg: GRPOMasterConfig) -> int:
+    """``grpo.async.buffer_size``, default ``(k + 1) * P * G``: the producer may hold k steps
+    ahead while the trainer holds its claimed step.
+
+    Raises:
+        ConfigError: a set size below that: the producer would stall before the trainer claims.
+    """
+    acfg = cfg.grpo.async_
+    needed = (acfg.max_staleness + 1) * cfg.grpo.num_prompts_per_step * cfg.grpo.completions_per_prompt
+    if acfg.buffer_size is not None and acfg.buffer_size < needed:
+        raise ConfigError(f"grpo.async.buffer_size={acfg.buffer_size} is below (max_staleness + 1) * "
+                          f"num_prompts_per_step * completions_per_prompt = {needed}: the producer would stall")
+    return acfg.buffer_size or needed
+
+
+def claim_step(buffer: Any, producer: Any, n: int, timeout_s: float) -> list[RolloutSample]:
+    """Claim the next step's ``n`` samples, asking the producer between short waits whether it
+    failed (its error is raised as itself, not after the whole timeout).
+
+    Raises:
+        BufferTimeoutError: no ``n`` samples within ``timeout_s``.
+        PosttrainError: the producer's error.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        wait = min(CLAIM_POLL_S, max(deadline - time.monotonic(), 0.01))
+        try:
+            return get_unwrapped([buffer.claim.remote(n, timeout_s=wait)])[0]
+        except BufferTimeoutError:
+            get_unwrapped([producer.check.remote()])
+            if time.monotonic() >= deadline:
+                raise BufferTimeoutError(f"no rollouts for this step within grpo.async.claim_timeout_s="
+                                         f"{timeout_s:g} s (the producer is alive but slower)") from None
+
+
+def to_rollouts(samples: list[RolloutSample]) -> Rollouts:
+    """The samples (whole groups, contiguous) as the synchronous loop's ``Rollouts``; its
+    ``weight_version`` is the oldest sample's."""
+    return Rollouts(
+        problems=[MathProblem(s["question"], s["answer"], s["answer"]) for s in samples],
+        prompt_ids=[s["prompt_ids"] for s in samples], completion_ids=[s["completion_ids"] for s in samples],
+        generation_logprobs=[s["generation_logprobs"] for s in samples],
+        rewards=torch.tensor([s["reward"] for s in samples], dtype=torch.float32),
+        weight_version=min(s["weight_version"] for s in samples))
+
+
+def staleness_metrics(claimed: list[RolloutSample], dropped: list[RolloutSample], version: int) -> dict[str, float]:
+    lags = [staleness(s, version) for s in claimed]
+    return {"async/staleness_mean": sum(lags) / len(lags), "async/staleness_max": float(max(lags)),
+            "async/dropped_samples": float(len(dropped)), "async/dropped_fraction": len(dropped) / len(claimed)}
+
+
+def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
+    """Run asynchronous GRPO as configured (``grpo.async.enabled``); returns the logged metrics.
+
+    Raises:
+        ConfigError: ``grpo.async.buffer_size`` too small for ``max_staleness``.
+        BufferTimeoutError: a step's rollouts did not arrive within ``claim_timeout_s``.
+        RolloutTagError: a sample's tags are wrong (a producer bug; see ``StalenessFilter``).
+    """
+    acfg = cfg.grpo.async_
+    capacity = buffer_capacity(cfg)
+    n = cfg.grpo.num_prompts_per_step * cfg.grpo.completions_per_prompt
+    train_problems, val_problems = load_problems(cfg.data)
+    loss_fn = ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef,
+                            importance_weight_cap=acfg.importance_weight_cap)
+    staleness_filter = StalenessFilter(acfg.max_staleness)
+    timer = Timer()
+    with open_run(cfg, cfg.grpo.seed, cfg.grpo.num_steps, "GRPO (async)") as (rt, logger, resumed_at):
+        if resumed_at == 0:
+            logger.log(validate(rt, val_problems, cfg), step=0)
+        buffer = start_rollout_buffer(capacity)
+        producer = start_rollout_producer(rt.engine, buffer, rt.model_path, train_problems, cfg, resumed_at + 1)
+        sampled_before = 0.0  # the producer's sampling seconds at the end of the last step
+        try:
+            for step in range(resumed_at + 1, cfg.grpo.num_steps + 1):
+                start = time.perf_counter()
+                with timer.time("generation"):  # what sampling the trainer still waits for
+                    claimed = claim_step(buffer, producer, n, acfg.claim_timeout_s)
+                version = rt.policy.weight_version
+                kept, dropped = staleness_filter.split(claimed, version)
+                metrics = staleness_metrics(claimed, dropped, version)
+                metrics["async/buffer_size"] = float(ray.get(buffer.status.remote()).size - len(claimed))
+                if kept:
+                    shards = shard_for_data_parallel(kept, DATA_PARALLEL_SIZE)
+                    rollouts = to_rollouts([s for shard in shards for s in shard])
+                    metrics.update(learn(rt, rollouts, cfg, loss_fn, timer, version, off_policy=True))
+                ray.get([buffer.clear.remote([s["sample_id"] for s in kept], "consumed"),
+                         buffer.clear.remote([s["sample_id"] for s in dropped], "dropped")])
+                with timer.time("refit"):  # the producer waits, so each batch has one weight version
+                    sampled = get_unwrapped([producer.pause.remote()])[0]
+                    metrics.update(refit(rt.policy, rt.engine, rt.probe))
+                if is_validation_step(step, cfg.grpo.val_period, cfg.grpo.num_steps):
+                    with timer.time("validation"):
+                        metrics.update(validate(rt, val_problems, cfg))
+                ray.get(producer.resume.remote(step))
+                waited = timer.peek("generation")
+                metrics["async/overlap_seconds"] = max(sampled - sampled_before - waited, 0.0)
+                sampled_before = sampled
+                metrics.update(rt.resource_metrics(timer, start))
+                logger.log(metrics, step)
+                checkpointing.after_step(rt.policy, cfg, step, cfg.grpo.num_steps)
+        finally:
+            for actor in (producer, buffer):
+                ray.kill(actor)
+    return logger.metrics

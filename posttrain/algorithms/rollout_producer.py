@@ -1,0 +1,175 @@
+"""The rollout producer of asynchronous GRPO: a Ray actor that keeps sampling.
+
+It samples step ``b``'s prompts (the same problems and sampling seed as the synchronous loop's
+step ``b``) with the engine's current weights, judges the completions, and puts the whole
+batch, as G-sample groups tagged with the engine's weight version, into the rollout buffer;
+then step ``b + 1``. Two things hold it back:
+
+* an allowance: it samples step ``b`` only while ``b <= trained + 1 + max_staleness``
+  (``trained``: steps the trainer has finished and refit), so no batch is sampled by weights
+  more than ``max_staleness`` versions behind the trainer that will train on it, and the
+  buffer never holds more than ``(max_staleness + 1)`` batches;
+* a pause: the trainer pauses it around a refit (and validation), which waits for the batch
+  in flight to be put, so every batch is sampled by one weight version.
+
+The producer runs in its own thread inside the actor (a threaded actor, so ``pause`` and
+``resume`` are served while the thread samples). An error in the thread is kept and raised
+by the next ``pause``/``check`` call, so it reaches the trainer as itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import ray
+
+from posttrain.data.sampler import EpochSampler
+from posttrain.data.types import MathProblem
+from posttrain.distributed.worker_group import get_unwrapped
+from posttrain.errors import PosttrainError, ProducerError
+from posttrain.rollouts.samples import RolloutSample
+
+
+def to_samples(rollouts: Any, batch_index: int, completions_per_prompt: int) -> list[RolloutSample]:
+    """The N = P * G rollouts of step ``batch_index`` as tagged samples (see ``RolloutSample``):
+    ``sample_id = (batch_index - 1) * N + row``, ``group_id = (batch_index - 1) * P + row // G``.
+
+    Args:
+        rollouts: ``grpo.Rollouts`` of one step, scored.
+    """
+    n = len(rollouts.completion_ids)
+    p = n // completions_per_prompt
+    return [
+        RolloutSample(sample_id=(batch_index - 1) * n + i, group_id=(batch_index - 1) * p + i // completions_per_prompt,
+                      weight_version=rollouts.weight_version, seq_len=len(prompt) + len(completion),
+                      batch_index=batch_index, prompt_ids=list(prompt), completion_ids=list(completion),
+                      generation_logprobs=list(logprobs), reward=float(reward), question=problem.question,
+                      answer=problem.answer)
+        for i, (problem, prompt, completion, logprobs, reward) in enumerate(zip(
+            rollouts.problems, rollouts.prompt_ids, rollouts.completion_ids, rollouts.generation_logprobs,
+            rollouts.rewards.tolist(), strict=True))
+    ]
+
+
+class RolloutProducerImpl:
+    """Samples GRPO batches ``first_batch, first_batch + 1, ...`` into ``buffer``.
+
+    Args:
+        engine: the run's ``EngineGroup`` (its actor handles; the driver refits it).
+        buffer: the ``RolloutBuffer`` actor handle.
+        model_path: Hugging Face directory (for the tokenizer and chat template).
+        problems: the training pool (the sampler draws from it as the synchronous loop does).
+        cfg: the run's ``GRPOMasterConfig``.
+        first_batch: the first step to sample for (``resumed_at + 1``).
+    """
+
+    def __init__(self, engine: Any, buffer: Any, model_path: str, problems: list[MathProblem], cfg: Any,
+                 first_batch: int):
+        from transformers import AutoTokenizer
+
+        from posttrain.data.chat import ChatEncoder
+
+        self.engine, self.buffer, self.cfg = engine, buffer, cfg
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.chat = ChatEncoder(self.tokenizer)
+        self.sampler = EpochSampler(problems, cfg.grpo.num_prompts_per_step, cfg.grpo.seed)
+        self.next_batch = first_batch
+        self.allowed = first_batch + cfg.grpo.async_.max_staleness
+        self.last_batch = cfg.grpo.num_steps
+        self.paused = self.busy = self.stopped = False
+        self.error: BaseException | None = None
+        self.generation_seconds = 0.0  # spent sampling and scoring, summed (for the overlap metric)
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _may_sample(self) -> bool:
+        return not self.paused and self.next_batch <= min(self.allowed, self.last_batch)
+
+    def _run(self) -> None:
+        from posttrain.algorithms import grpo
+
+        batch = self.next_batch
+        try:
+            while True:
+                with self.cond:
+                    self.cond.wait_for(lambda: self.stopped or self._may_sample())
+                    if self.stopped:
+                        return
+                    self.busy, batch = True, self.next_batch
+                start = time.perf_counter()
+                rollouts = grpo.generate_rollouts(self.engine, self.chat, self.sampler.batch(batch), self.cfg, batch)
+                grpo.score_rollouts(self.tokenizer, rollouts)
+                samples = to_samples(rollouts, batch, self.cfg.grpo.completions_per_prompt)
+                # Room is guaranteed by the allowance (buffer_size >= (k + 1) * N): a wait here is a bug.
+                get_unwrapped([self.buffer.put.remote(samples, timeout_s=self.cfg.grpo.async_.claim_timeout_s)])
+                with self.cond:
+                    self.generation_seconds += time.perf_counter() - start
+                    self.busy, self.next_batch = False, batch + 1
+                    self.cond.notify_all()
+        except BaseException as exc:  # kept for the trainer: raised by its next pause/check
+            with self.cond:
+                self.error, self.busy = self._one_line(exc, batch), False
+                self.cond.notify_all()
+
+    def check(self) -> float:
+        """Raise the sampling thread's error, if it had one; else the seconds it has spent
+        sampling so far."""
+        with self.cond:
+            if self.error is not None:
+                raise self.error
+            return self.generation_seconds
+
+    def pause(self) -> float:
+        """Stop sampling new batches and wait for the one in flight to reach the buffer.
+        Returns what :meth:`check` returns (raises the thread's error)."""
+        with self.cond:
+            self.paused = True
+            self.cond.wait_for(lambda: not self.busy)
+        return self.check()
+
+    def resume(self, trained: int) -> None:
+        """Sample again, up to step ``trained + 1 + max_staleness``.
+
+        Args:
+            trained: steps the trainer has finished (and whose weights the engine now holds).
+        """
+        with self.cond:
+            self.paused = False
+            self.allowed = trained + 1 + self.cfg.grpo.async_.max_staleness
+            self.cond.notify_all()
+
+    def stop(self) -> None:
+        """End the sampling thread after the batch in flight (if any)."""
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+        self.thread.join()
+
+    def _one_line(self, exc: BaseException, batch: int) -> PosttrainError:
+        """``exc`` as one line that says which step's batch failed (a PosttrainError keeps its type)."""
+        where = f"the rollout producer, sampling step {batch} (allowed up to step {self.allowed})"
+        if isinstance(exc, PosttrainError):
+            return type(exc)(f"{where}: {exc}".splitlines()[0])
+        text = str(exc).strip().splitlines()
+        return ProducerError(f"{where} failed: {type(exc).__name__}: {text[0] if text else ''}")
+
+
+def start_rollout_producer(*args: Any) -> Any:
+    """A :class:`RolloutProducerImpl` actor (arguments as its constructor's), started.
+
+    A threaded actor, so ``pause``/``resume``/``check`` are served while the sampling thread
+    works; it reserves no CPU: the engines it drives hold the resources.
+    """
+    actor = RolloutProducer.options(num_cpus=0, max_concurrency=4).remote(*args)  # type: ignore[attr-defined]
+    ray.get(actor.start.remote())
+    return actor
+
+
+@ray.remote
+class RolloutProducer(RolloutProducerImpl):
+    """The Ray actor (see :func:`start_rollout_producer`)."""
