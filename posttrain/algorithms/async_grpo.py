@@ -127,6 +127,8 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
             logger.log(validate(rt, val_problems, cfg), step=0)
         buffer = start_rollout_buffer(capacity)
         producer = start_rollout_producer(rt.engine, buffer, rt.model_path, train_problems, cfg, resumed_at + 1)
+        print(f"async GRPO: the producer samples up to {acfg.max_staleness} step(s) ahead, rollout buffer of "
+              f"{capacity} samples", flush=True)
         sampled_before = 0.0  # the producer's sampling seconds at the end of the last step
         try:
             for step in range(resumed_at + 1, cfg.grpo.num_steps + 1):

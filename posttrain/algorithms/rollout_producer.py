@@ -10,7 +10,7 @@ then step ``b + 1``. Two things hold it back:
   more than ``max_staleness`` versions behind the trainer that will train on it, and the
   buffer never holds more than ``(max_staleness + 1)`` batches;
 * a pause: the trainer pauses it around a refit (and validation), which waits for the batch
-  in flight to be put, so every batch is sampled by one weight version.
+  being sampled, so every batch is sampled by one weight version.
 
 The producer runs in its own thread inside the actor (a threaded actor, so ``pause`` and
 ``resume`` are served while the thread samples). An error in the thread is kept and raised
@@ -105,11 +105,15 @@ class RolloutProducerImpl:
                 rollouts = grpo.generate_rollouts(self.engine, self.chat, self.sampler.batch(batch), self.cfg, batch)
                 grpo.score_rollouts(self.tokenizer, rollouts)
                 samples = to_samples(rollouts, batch, self.cfg.grpo.completions_per_prompt)
-                # Room is guaranteed by the allowance (buffer_size >= (k + 1) * N): a wait here is a bug.
+                with self.cond:  # sampled and tagged: a refit may come now (pause need not wait for the put)
+                    self.generation_seconds += time.perf_counter() - start
+                    self.busy = False
+                    self.cond.notify_all()
+                # The allowance keeps (k + 1) batches within buffer_size; a put that waits for room
+                # waits for the trainer's next clear, never for a pause.
                 get_unwrapped([self.buffer.put.remote(samples, timeout_s=self.cfg.grpo.async_.claim_timeout_s)])
                 with self.cond:
-                    self.generation_seconds += time.perf_counter() - start
-                    self.busy, self.next_batch = False, batch + 1
+                    self.next_batch = batch + 1
                     self.cond.notify_all()
         except BaseException as exc:  # kept for the trainer: raised by its next pause/check
             with self.cond:
@@ -125,7 +129,8 @@ class RolloutProducerImpl:
             return self.generation_seconds
 
     def pause(self) -> float:
-        """Stop sampling new batches and wait for the one in flight to reach the buffer.
+        """Stop sampling new batches and wait for the one being sampled to be done (its
+        samples are tagged with the weights that drew them; its put may still be on its way).
         Returns what :meth:`check` returns (raises the thread's error)."""
         with self.cond:
             self.paused = True

@@ -26,7 +26,7 @@ from posttrain.algorithms.rollout_producer import start_rollout_producer
 from posttrain.algorithms.runtime import refit
 from posttrain.config import load_config
 from posttrain.data.datasets import load_problems
-from posttrain.errors import ConfigError
+from posttrain.errors import BufferTimeoutError, ConfigError
 from posttrain.rollouts.buffer import BufferStatus, start_rollout_buffer
 from posttrain.rollouts.fan_out import shard_for_data_parallel
 from posttrain.rollouts.filters import StalenessFilter
@@ -124,6 +124,7 @@ def test_max_staleness_0_reproduces_the_synchronous_run(ray_cluster, tiny_model_
     k0 = grpo.train(async_cfg(tiny_model_path, *base, "grpo.async.max_staleness=0",
                               f"logger.log_dir={tmp_path / 'k0'}"))
     assert k0["async/staleness_max"] == {"1": 0.0, "2": 0.0, "3": 0.0}
+    assert not any(key.startswith("async/") for key in sync), "the synchronous loop ran asynchronously"
     for key in ("train/reward_mean", "train/completion_length", "val/accuracy"):
         assert k0[key] == sync[key], key
     for key in ("train/loss", "train/grad_norm", "train/entropy"):
@@ -136,3 +137,53 @@ def test_a_buffer_too_small_for_max_staleness_is_one_line() -> None:
         async_grpo.buffer_capacity(cfg)
     assert async_grpo.buffer_capacity(async_cfg("unused", "grpo.async.buffer_size=32")) == 32
     assert async_grpo.buffer_capacity(async_cfg("unused", "grpo.async.max_staleness=3")) == 4 * N
+
+
+def test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop(ray_cluster, tiny_model_path, tmp_path,
+                                                                       capsys) -> None:
+    """k = 1 trains on samples of the previous weights (and never older); the buffer has the
+    configured size; the cap turns on the truncated importance weight, which stays below it."""
+    metrics = grpo.train(async_cfg(tiny_model_path, "generation.backend=hf", "cluster.cpus_per_worker=0.5",
+                                   "grpo.val_period=0", "policy.lr=1e-2", "grpo.num_steps=4",
+                                   "grpo.async.buffer_size=40", "grpo.async.importance_weight_cap=1.5",
+                                   f"logger.log_dir={tmp_path}"))
+    assert "the producer samples up to 1 step(s) ahead, rollout buffer of 40 samples" in capsys.readouterr().out
+    assert max(metrics["async/staleness_max"].values()) == 1.0  # the producer ran ahead ...
+    assert metrics["async/staleness_max"]["1"] == 0.0  # ... from the first step's weights on
+    assert set(metrics["async/dropped_samples"].values()) == {0.0}
+    weights = metrics["train/importance_weight"].values()
+    assert len(weights) == 4 and all(0 < w <= 1.5 for w in weights)
+
+
+def test_a_claim_timeout_is_one_line_naming_the_key(ray_cluster, tiny_model_path, tmp_path) -> None:
+    cfg = async_cfg(tiny_model_path, "generation.backend=hf", "cluster.cpus_per_worker=0.5", "grpo.val_period=0",
+                    "grpo.async.claim_timeout_s=0.001", f"logger.log_dir={tmp_path}")
+    with pytest.raises(BufferTimeoutError, match=r"^no rollouts for this step within grpo.async.claim_timeout_s=0.001"):
+        grpo.train(cfg)
+
+
+def test_a_failing_producer_reaches_the_trainer_as_one_line_at_once(ray_cluster, tiny_model_path) -> None:
+    from posttrain.errors import ProducerError, StaleWeightsError
+
+    class BrokenEngine:  # defined here, so Ray ships it to the producer by value
+        def __init__(self, error: Exception):
+            self.error = error
+
+        def generate(self, prompts, params):
+            raise self.error
+
+    cfg = async_cfg(tiny_model_path)
+    train_problems, _ = load_problems(cfg.data)
+    for error, expected in ((RuntimeError("CUDA out of memory\nmore"), ProducerError),
+                            (StaleWeightsError("engines disagree"), StaleWeightsError)):
+        buffer = start_rollout_buffer(async_grpo.buffer_capacity(cfg))
+        producer = start_rollout_producer(BrokenEngine(error), buffer, tiny_model_path, train_problems, cfg, 1)
+        try:
+            with pytest.raises(expected) as caught:
+                async_grpo.claim_step(buffer, producer, N, timeout_s=300)
+        finally:
+            ray.kill(producer)
+            ray.kill(buffer)
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith("the rollout producer, sampling step 1"), message
+        assert type(caught.value) is expected and str(error).splitlines()[0] in message

@@ -607,6 +607,7 @@ PROOFS: dict[str, Callable] = {
 # Proven by a test elsewhere: key -> its node id (it sets the key and observes the effect).
 MCORE = "tests/unit/models/megatron/test_megatron_policy.py::"
 RESUME = "tests/integration/test_checkpoint_resume.py::"
+ASYNC = "tests/integration/test_async_grpo.py::"
 PROVEN_ELSEWHERE: dict[str, str] = {
     "checkpoint.dir": RESUME + "test_a_resumed_run_logs_what_the_uninterrupted_run_logged",
     "checkpoint.save_period": RESUME + "test_resume_auto_takes_the_newest_complete_checkpoint_and_never_starts_over",
@@ -619,6 +620,12 @@ PROVEN_ELSEWHERE: dict[str, str] = {
                                                     "test_megatron_pipeline_parallelism_is_refused",
     "data.dataset": "tests/integration/test_loop_data.py::test_grpo_on_gsm8k_trains_on_the_train_file_and_validates_"
                     "on_the_test_file",
+    # the asynchronous loop runs real Ray actors (a producer, a buffer): proven with real Ray
+    "grpo.async.enabled": ASYNC + "test_max_staleness_0_reproduces_the_synchronous_run",
+    "grpo.async.max_staleness": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
+    "grpo.async.buffer_size": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
+    "grpo.async.importance_weight_cap": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
+    "grpo.async.claim_timeout_s": ASYNC + "test_a_claim_timeout_is_one_line_naming_the_key",
 }
 
 # Keys that change nothing a run can observe in this tier, and why. Keep this list short.

@@ -36,12 +36,14 @@ ADVANTAGES = "tests/unit/algorithms/test_advantages.py"
 LORA = "tests/unit/models/policy/test_lora.py"
 LORA_LAYER = "posttrain/models/policy/lora.py"
 HF_WORKER = "posttrain/models/policy/hf_policy_worker.py"
+ASYNC = "tests/integration/test_async_grpo.py"
+ROLLOUT_TESTS = "tests/unit/rollouts"
 MCORE_WORKER = "posttrain/models/policy/megatron_policy_worker.py"
 
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
 # the others are the classes of issue 12.
 CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "stale-engine", "prompts", "megatron",
-           "resume", "lora")
+           "resume", "lora", "async")
 
 
 @dataclass(frozen=True)
@@ -374,4 +376,31 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/distributed/ray_cluster.py",
            (("            if STARTUP_TIMEOUT not in str(exc):", "            if True:"),),
            ("tests/unit/distributed/test_init_ray_retries.py",), klass="config"),
+    # --- issue 17: asynchronous GRPO -------------------------------------------------------------
+    Mutant("filter_keeps_stale_samples", "the staleness filter keeps samples older than max_staleness",
+           "posttrain/rollouts/filters.py",
+           (("stale = current_version - group_version", "stale = False and current_version - group_version"),),
+           (f"{ROLLOUT_TESTS}/test_staleness_filter.py",), klass="async"),
+    Mutant("claim_not_exclusive", "a claim reads the oldest samples without taking them: the next claim gets them too",
+           "posttrain/rollouts/buffer.py",
+           (("taken = [self._unclaimed.popleft() for _ in range(n)]",
+             "taken = [self._unclaimed[i] for i in range(n)]"),),
+           (f"{ROLLOUT_TESTS}/test_rollout_buffer.py",), klass="async"),
+    Mutant("shard_drops_a_row", "the data-parallel fan-out leaves the last sample out of every shard",
+           "posttrain/rollouts/fan_out.py",
+           (("    for i, sample in enumerate(samples):\n        shards[owner[i]]",
+             "    for i, sample in enumerate(samples[:-1]):\n        shards[owner[i]]"),),
+           (f"{ROLLOUT_TESTS}/test_fan_out.py",), klass="async"),
+    Mutant("ratio_uses_trainer_logprobs", "off-policy samples are trained as if the trainer had sampled them",
+           "posttrain/algorithms/grpo.py",
+           (("        elif off_policy:\n", "        elif False:\n"),),
+           ("tests/unit/algorithms/test_off_policy_learn.py",), klass="async"),
+    Mutant("producer_runs_too_far_ahead", "the producer samples one step further ahead than max_staleness allows",
+           "posttrain/algorithms/rollout_producer.py",
+           (("self.allowed = trained + 1 + self.cfg", "self.allowed = trained + 2 + self.cfg"),),
+           (f"{ASYNC}::test_claim_filter_fan_out_clear_with_a_real_producer",), klass="async"),
+    Mutant("importance_weight_not_applied", "the truncated importance weight is computed and reported but not applied",
+           "posttrain/algorithms/loss_functions.py",
+           (("            pg = pg * weight\n", "            pg = pg\n"),),
+           (f"{LOSSES}::test_truncated_importance_weight_matches_hand_computation",), klass="async"),
 )

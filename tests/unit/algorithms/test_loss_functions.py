@@ -42,7 +42,7 @@ def _random_batch(batch=4, length=5, seed=0):
     return logprobs, _data(old, adv, mask, ref)
 
 
-def _hand_loss(logprobs, data, num_tokens, clip_eps, kl_coef):
+def _hand_loss(logprobs, data, num_tokens, clip_eps, kl_coef, cap=None):
     total = 0.0
     batch, length = logprobs.shape
     for b in range(batch):
@@ -54,6 +54,8 @@ def _hand_loss(logprobs, data, num_tokens, clip_eps, kl_coef):
             ratio = math.exp(lp - old)
             clipped = min(max(ratio, 1 - clip_eps), 1 + clip_eps)
             pg = -min(ratio * a, clipped * a)
+            if cap is not None:  # truncated importance weight pi_old / pi_behaviour, at most cap
+                pg *= min(math.exp(old - float(data["behaviour_logprobs"][b, t])), cap)
             k3 = math.exp(ref - lp) - (ref - lp) - 1
             total += pg + kl_coef * k3
     return total / num_tokens
@@ -277,3 +279,46 @@ def test_extreme_values_under_the_mask_still_give_zero_gradient() -> None:
     _, grad, _ = _grad(ClippedPGLoss(0.2, 0.0), torch.tensor([[-1.0, 0.0]]), data, 1.0)
     assert torch.isfinite(grad).all()
     assert grad[0, 1].item() == 0.0
+
+
+# --- ClippedPGLoss: truncated importance weights (asynchronous GRPO) --------------------
+
+
+@pytest.mark.parametrize("cap", [0.5, 1.0, 2.0, 100.0])
+def test_truncated_importance_weight_matches_hand_computation(cap: float) -> None:
+    logprobs, data = _random_batch(seed=3)
+    gen = torch.Generator().manual_seed(4)
+    data["behaviour_logprobs"] = data["old_logprobs"] + torch.randn(data["old_logprobs"].shape, generator=gen) * 0.7
+    num_tokens = float(data["completion_mask"].sum())
+    loss, metrics = ClippedPGLoss(0.2, 0.1, importance_weight_cap=cap)(logprobs, data, num_tokens)
+    assert loss.item() == pytest.approx(_hand_loss(logprobs, data, num_tokens, 0.2, 0.1, cap=cap), rel=1e-5, abs=1e-6)
+    mask = data["completion_mask"] > 0
+    weights = (data["old_logprobs"] - data["behaviour_logprobs"]).exp().clamp(max=cap)[mask]
+    assert metrics["importance_weight"] == pytest.approx(weights.sum().item() / num_tokens, rel=1e-5)
+    assert metrics["importance_weight"] <= cap + 1e-6
+
+
+def test_truncated_importance_weight_scales_the_gradient_and_is_not_differentiated() -> None:
+    """At ratio 1 the pg gradient is -A * w / num_tokens per token: the weight scales it and
+    carries no gradient of its own (it is computed from data, not from the current logprobs)."""
+    data = _data([[-1.0, -2.0]], [1.5], [[1.0, 1.0]])
+    data["behaviour_logprobs"] = torch.tensor([[-1.0 - math.log(3.0), -2.0 + math.log(4.0)]])  # w = 3, 1/4
+    _, grad, metrics = _grad(ClippedPGLoss(0.2, 0.0, importance_weight_cap=2.0), [[-1.0, -2.0]], data, 2.0)
+    assert grad[0].tolist() == pytest.approx([-1.5 * 2.0 / 2.0, -1.5 * 0.25 / 2.0])  # w = min(3, 2), 1/4
+    assert metrics["importance_weight"] == pytest.approx((2.0 + 0.25) / 2.0)
+
+
+def test_without_a_cap_behaviour_logprobs_are_ignored_and_no_weight_is_reported() -> None:
+    logprobs, data = _random_batch(seed=5)
+    num_tokens = float(data["completion_mask"].sum())
+    plain, metrics = ClippedPGLoss(0.2, 0.0)(logprobs, data, num_tokens)
+    with_behaviour, _ = ClippedPGLoss(0.2, 0.0)(logprobs, {**data, "behaviour_logprobs": data["old_logprobs"] - 5},
+                                                num_tokens)
+    assert plain.item() == with_behaviour.item()
+    assert "importance_weight" not in metrics
+
+
+def test_a_cap_without_behaviour_logprobs_raises() -> None:
+    logprobs, data = _random_batch()
+    with pytest.raises(KeyError, match="behaviour_logprobs"):
+        ClippedPGLoss(importance_weight_cap=2.0)(logprobs, data, 4.0)

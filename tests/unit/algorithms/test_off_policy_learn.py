@@ -1,0 +1,84 @@
+"""``grpo.learn`` with off-policy rollouts: which logprobs the PPO ratio is taken against.
+
+Asynchronous GRPO trains on samples drawn by older weights. The ratio must then use the
+behaviour (engine) logprobs of the weights that drew them, or the trainer's old logprobs
+with the behaviour logprobs handed to the truncated importance weight; a loop that quietly
+keeps the trainer's logprobs trains stale samples as if they were fresh. A recording policy
+isolates the loop's hand-over from the workers (the losses themselves are tested in
+test_loss_functions.py, the whole path with real actors in tests/integration/test_async_grpo.py).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from posttrain.algorithms import grpo
+from posttrain.algorithms.loss_functions import ClippedPGLoss
+from posttrain.data.types import MathProblem
+from posttrain.utils.timer import Timer
+
+TRAINER_LOGPROB = -0.5
+
+
+class RecordingPolicy:
+    """Trainer logprobs are all ``TRAINER_LOGPROB`` (reference: -0.7); ``train`` records its inputs."""
+
+    def __init__(self) -> None:
+        self.extra: dict[str, torch.Tensor] = {}
+
+    def get_logprobs(self, batch, reference: bool = False) -> torch.Tensor:
+        return torch.full(batch.completion_mask.shape, -0.7 if reference else TRAINER_LOGPROB)
+
+    def train(self, batch, extra, loss_fn):
+        self.extra = extra
+        return {"loss": 0.0}
+
+
+def rollouts(version: int) -> grpo.Rollouts:
+    """2 groups of 2, rewards varied in each; completion i has logprobs -(i + 1) / 10 per token."""
+    problem = MathProblem("1+1=", "2", "2")
+    completions = [[5, 6], [7], [5], [6, 7, 8]]
+    return grpo.Rollouts([problem] * 4, [[1, 2]] * 4, completions,
+                         [[-(i + 1) / 10] * len(c) for i, c in enumerate(completions)],
+                         torch.tensor([1.0, 0.0, 0.0, 1.0]), version)
+
+
+def learn(loss_fn: ClippedPGLoss, off_policy: bool, version: int = 3, trainer_version: int = 4):
+    policy = RecordingPolicy()
+    rt = SimpleNamespace(policy=policy, tokenizer=SimpleNamespace(pad_token_id=0))
+    cfg = grpo.GRPOMasterConfig.model_validate({"grpo": {"num_prompts_per_step": 2, "completions_per_prompt": 2}})
+    metrics = grpo.learn(rt, rollouts(version), cfg, loss_fn, Timer(), trainer_version, off_policy=off_policy)
+    return policy.extra, metrics
+
+
+def behaviour(width: int) -> torch.Tensor:
+    """The rollouts' engine logprobs as the padded ``[B, width]`` batch holds them (zeros after)."""
+    rows = torch.tensor([[-0.1, -0.1, 0.0], [-0.2, 0.0, 0.0], [-0.3, 0.0, 0.0], [-0.4, -0.4, -0.4]])
+    return torch.nn.functional.pad(rows, (0, width - 3))
+
+
+def test_off_policy_ratio_is_taken_against_the_behaviour_logprobs() -> None:
+    extra, _ = learn(ClippedPGLoss(), off_policy=True)
+    assert torch.equal(extra["old_logprobs"], behaviour(extra["old_logprobs"].shape[1]))
+    assert "behaviour_logprobs" not in extra
+
+
+def test_with_a_cap_the_ratio_uses_the_trainer_and_the_weight_the_behaviour() -> None:
+    extra, _ = learn(ClippedPGLoss(importance_weight_cap=2.0), off_policy=True)
+    assert torch.equal(extra["old_logprobs"], torch.full_like(extra["old_logprobs"], TRAINER_LOGPROB))
+    assert torch.equal(extra["behaviour_logprobs"], behaviour(extra["old_logprobs"].shape[1]))
+
+
+def test_on_policy_keeps_the_trainer_logprobs() -> None:
+    extra, metrics = learn(ClippedPGLoss(), off_policy=False, version=4)
+    assert torch.equal(extra["old_logprobs"], torch.full_like(extra["old_logprobs"], TRAINER_LOGPROB))
+    assert "train/token_mult_prob_error" in metrics
+
+
+@pytest.mark.parametrize(("version", "reported"), [(4, True), (3, False)])
+def test_engine_trainer_agreement_is_reported_only_for_current_weights(version: int, reported: bool) -> None:
+    _, metrics = learn(ClippedPGLoss(), off_policy=True, version=version)
+    assert ("train/token_mult_prob_error" in metrics) is reported
