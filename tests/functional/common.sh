@@ -98,8 +98,8 @@ check_run() {
 # (BACKEND=hf to run it on Hugging Face generate, BACKEND=auto for vLLM when installed),
 # then its rules. SEED seeds the model init, the SFT and the GRPO run; WARM_START=DIR starts
 # from an existing warm start instead of training one (to compare two GRPO runs from one).
-# MIN_VAL_GAIN is the held-out accuracy gain the run must show (default 0.15). Overrides go
-# to run_grpo.py.
+# MIN_VAL_GAIN is the held-out accuracy gain the run must show (default 0.15). Rules in the
+# array GRPO_EXTRA_RULES are checked with the others (grpo_async.sh's). Overrides go to run_grpo.py.
 grpo_functional() {
   local name=$1; shift
   local seed=${SEED:-0} config=examples/configs/grpo_arithmetic.yaml
@@ -141,7 +141,8 @@ grpo_functional() {
     'mean(data["train/clip_fraction"]) < 0.05' \
     'max(data["train/clip_fraction"]) < 0.3' \
     'max(data["train/refit_logprob_error"]) < 1e-4' \
-    'max(data["train/refit_token_mult_prob_error"]) - 1 < 1e-4'
+    'max(data["train/refit_token_mult_prob_error"]) - 1 < 1e-4' \
+    ${GRPO_EXTRA_RULES[@]+"${GRPO_EXTRA_RULES[@]}"}
 }
 
 # Two backends' held-out accuracy gains over several runs each must agree within <max_gap>:

@@ -1,7 +1,8 @@
 """Learning signal: GRPO really raises held-out accuracy of the tiny model on 2-digit addition.
 
 One SFT warm start (stopped on a measured held-out greedy accuracy, as in
-``tests/functional/grpo.sh``), then a short GRPO run from it with each of 3 seeds (each seed
+``tests/functional/grpo.sh``), then a short GRPO run from it with each of 3 seeds, by the
+synchronous loop and by the asynchronous one (``grpo.async``, the producer one step ahead) (each seed
 draws its own prompts and samples). Every model is scored greedily on the same held-out
 problems, so each (seed, problem) gives a paired outcome: correct before GRPO, correct after.
 
@@ -85,12 +86,15 @@ def test_bootstrap_bound_separates_gain_from_noise() -> None:
     assert paired_gain_lower_bound(before, torch.zeros(3, NUM_VAL)) < 0
 
 
-@pytest.mark.slow
-def test_grpo_raises_held_out_accuracy_over_three_seeds(ray_cluster, tmp_path) -> None:
-    warm = tmp_path / "warm_start"
+@pytest.fixture(scope="module")
+def warm_start(ray_cluster, tmp_path_factory):
+    """The shared SFT warm start: (its directory, its held-out outcomes ``[P]``, the
+    held-out problems, SFT steps, SFT seconds)."""
+    tmp = tmp_path_factory.mktemp("learning_signal")
+    warm = tmp / "warm_start"
     sft_cfg = load_config("examples/configs/sft_arithmetic.yaml",
                           COMMON + [f"sft.stop_at_val_accuracy={WARM_START_ACCURACY}", "sft.num_steps=2500",
-                                    "data.max_val=200", f"logger.log_dir={tmp_path / 'sft'}",
+                                    "data.max_val=200", f"logger.log_dir={tmp / 'sft'}",
                                     f"checkpoint.save_path={warm}"],
                           sft.SFTMasterConfig)
     start = time.perf_counter()
@@ -98,21 +102,35 @@ def test_grpo_raises_held_out_accuracy_over_three_seeds(ray_cluster, tmp_path) -
     sft_seconds = time.perf_counter() - start
     _, val = load_problems(sft_cfg.data.model_copy(update={"max_val": None}))  # all held-out problems
     assert len(val) == NUM_VAL
-    before = held_out_outcomes(str(warm), val)
+    return warm, held_out_outcomes(str(warm), val), val, max(map(int, sft_metrics["train/loss"])), sft_seconds
+
+
+# The synchronous loop, and the asynchronous one with the producer one step ahead (k = 1):
+# both must clear the same statistical bar from the same warm start.
+MODES = {"sync": [], "async_k1": ["grpo.async.enabled=true", "grpo.async.max_staleness=1"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(MODES))
+def test_grpo_raises_held_out_accuracy_over_three_seeds(warm_start, mode, tmp_path) -> None:
+    warm, before, val, sft_steps, sft_seconds = warm_start
+    start = time.perf_counter()
     after = []
     for seed in SEEDS:
         cfg = load_config("examples/configs/grpo_arithmetic.yaml",
-                          COMMON + [f"model.path={warm}", f"grpo.seed={seed}", f"grpo.num_steps={GRPO_STEPS}",
-                                    "grpo.val_period=0", "data.max_val=50",
-                                    f"logger.log_dir={tmp_path / f'grpo{seed}'}",
-                                    f"checkpoint.save_path={tmp_path / f'final{seed}'}"],
+                          COMMON + MODES[mode] + [f"model.path={warm}", f"grpo.seed={seed}",
+                                                  f"grpo.num_steps={GRPO_STEPS}", "grpo.val_period=0",
+                                                  "data.max_val=50", f"logger.log_dir={tmp_path / f'grpo{seed}'}",
+                                                  f"checkpoint.save_path={tmp_path / f'final{seed}'}"],
                           grpo.GRPOMasterConfig)
-        grpo.train(cfg)
+        metrics = grpo.train(cfg)
+        if mode == "async_k1":  # it really ran ahead: most steps trained on the previous weights' samples
+            assert sum(metrics["async/staleness_mean"].values()) >= GRPO_STEPS / 2
         after.append(held_out_outcomes(str(tmp_path / f"final{seed}"), val))
     after_t = torch.stack(after)
-    grpo_seconds = time.perf_counter() - start - sft_seconds
+    grpo_seconds = time.perf_counter() - start
     bound = paired_gain_lower_bound(before, after_t)
-    report = (f"warm start after {max(map(int, sft_metrics['train/loss']))} SFT steps: accuracy {before.mean():.3f}; "
+    report = (f"{mode}: warm start after {sft_steps} SFT steps: accuracy {before.mean():.3f}; "
               f"after {GRPO_STEPS} GRPO steps per seed: {[round(a.mean().item(), 3) for a in after_t]}; "
               f"pooled gain {(after_t - before).mean():.3f}, 99% lower bound {bound:.3f} (needs > {MIN_GAIN}); "
               f"SFT {sft_seconds:.0f} s, GRPO + scoring {grpo_seconds:.0f} s")
