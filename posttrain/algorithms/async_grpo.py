@@ -143,6 +143,10 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
                     shards = shard_for_data_parallel(kept, DATA_PARALLEL_SIZE)
                     rollouts = to_rollouts([s for shard in shards for s in shard])
                     metrics.update(learn(rt, rollouts, cfg, loss_fn, timer, version, off_policy=True))
+                if acfg.max_staleness > 0:
+                    # Only an occasional fresh step would have it: a series with gaps reads as a run
+                    # that stopped early. The weight-sync probe checks the engine at every refit.
+                    metrics.pop("train/token_mult_prob_error", None)
                 ray.get([buffer.clear.remote([s["sample_id"] for s in kept], "consumed"),
                          buffer.clear.remote([s["sample_id"] for s in dropped], "dropped")])
                 with timer.time("refit"):  # the producer waits, so each batch has one weight version

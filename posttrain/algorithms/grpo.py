@@ -44,7 +44,8 @@ class AsyncGRPOConfig(Section):
     """Asynchronous GRPO (``grpo.async``, see :mod:`posttrain.algorithms.async_grpo`): a
     producer actor samples the next steps' rollouts while the trainer trains."""
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="run the asynchronous loop: a producer actor samples the next steps "
+                          "while the trainer trains")
     max_staleness: int = Field(
         1, ge=0, description="k: the producer runs at most k steps ahead and samples drawn by weights more than k "
         "versions behind the trainer are dropped; 0 reproduces on-policy GRPO")

@@ -125,6 +125,7 @@ def test_max_staleness_0_reproduces_the_synchronous_run(ray_cluster, tiny_model_
                               f"logger.log_dir={tmp_path / 'k0'}"))
     assert k0["async/staleness_max"] == {"1": 0.0, "2": 0.0, "3": 0.0}
     assert not any(key.startswith("async/") for key in sync), "the synchronous loop ran asynchronously"
+    assert len(k0["train/token_mult_prob_error"]) == 3  # on-policy: engine/trainer agreement every step
     for key in ("train/reward_mean", "train/completion_length", "val/accuracy"):
         assert k0[key] == sync[key], key
     for key in ("train/loss", "train/grad_norm", "train/entropy"):
@@ -151,6 +152,7 @@ def test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop(ray_cluster
     assert max(metrics["async/staleness_max"].values()) == 1.0  # the producer ran ahead ...
     assert metrics["async/staleness_max"]["1"] == 0.0  # ... from the first step's weights on
     assert set(metrics["async/dropped_samples"].values()) == {0.0}
+    assert "train/token_mult_prob_error" not in metrics  # with k >= 1 it would have gaps
     weights = metrics["train/importance_weight"].values()
     assert len(weights) == 4 and all(0 < w <= 1.5 for w in weights)
 
