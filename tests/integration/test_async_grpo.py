@@ -80,7 +80,8 @@ def test_claim_filter_fan_out_clear_with_a_real_producer(hf_runtime) -> None:
             kept, dropped = StalenessFilter(cfg.grpo.async_.max_staleness).split(claimed, version)
             shards = shard_for_data_parallel(kept, DP)
             fanned = [s for shard in shards for s in shard]
-            grpo.learn(rt, async_grpo.to_rollouts(fanned), cfg, loss_fn, Timer(), version, off_policy=True)
+            if fanned:  # as the loop: a step whose samples were all dropped trains on nothing
+                grpo.learn(rt, async_grpo.to_rollouts(fanned), cfg, loss_fn, Timer(), version, off_policy=True)
             ray.get(buffer.clear.remote([s["sample_id"] for s in fanned], "consumed"))
             ray.get(buffer.clear.remote([s["sample_id"] for s in dropped], "dropped"))
             ray.get(producer.pause.remote())
