@@ -32,7 +32,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from test_rule_real_runs import FIXTURES, resolved_args
+from unit.testing.rules.test_rule_real_runs import FIXTURES, resolved_args
 
 from posttrain.testing import check_metrics as check_metrics
 from posttrain.testing import tb_to_json as json_dump_tb_logs

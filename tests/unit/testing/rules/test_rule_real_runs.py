@@ -8,6 +8,8 @@ repository, rounded to 5 significant digits:
 - ``grpo_collapsed.json``: a GRPO run from a weaker warm start whose reward fell from ~0.2 to
   ~0 (30 steps with zero gradient); val/accuracy 0.33 -> 0.02.
 - ``sft_gsm8k.json``: a 60-step run of sft.sh's GSM8K SFT (an earlier 60-step config).
+- ``grpo_async_healthy.json``: the 300-step run of grpo_async.sh (k = 1, vLLM CPU engine, grpo.sh's
+  warm start, seed 0), val/accuracy 0.356 -> 0.756 (``train/*``, ``val/*``, ``async/*``).
 
 The run killed at step 42 is the healthy run cut at step 42 (runs are deterministic given the
 seed, so its log is exactly that prefix).
@@ -34,7 +36,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 
 
 # grpo.sh and grpo_non_colocated.sh differ only in placement: their rules live in common.sh.
-RULES_IN = {"grpo.sh": "common.sh", "grpo_non_colocated.sh": "common.sh", "sft.sh": "sft.sh"}
+RULES_IN = {"grpo.sh": "common.sh", "grpo_non_colocated.sh": "common.sh", "grpo_async.sh": "common.sh",
+            "sft.sh": "sft.sh"}
 
 
 def check_run_args(script: str) -> list[str]:
@@ -52,17 +55,24 @@ def test_both_grpo_scripts_run_the_shared_rules() -> None:
         assert "\ngrpo_functional " in (ROOT / "tests" / "functional" / script).read_text(), script
 
 
-def resolved_args(script: str, expect_steps: int) -> list[str]:
-    """``check_run_args`` with the shell variables replaced as the script computes them
-    (``MIN_VAL_GAIN`` unset: grpo.sh's default; grpo_megatron.sh sets 0.10)."""
+def resolved_args(script: str, expect_steps: int, env: dict[str, str] | None = None,
+                  extra_rules: tuple[str, ...] = ()) -> list[str]:
+    """``check_run_args`` with the shell variables replaced as the script computes them:
+    ``${NAME:-default}`` is ``env[NAME]`` when given, else the default (``MIN_VAL_GAIN`` unset:
+    grpo.sh's 0.15; grpo_megatron.sh sets 0.10); the ``GRPO_EXTRA_RULES`` expansion is
+    ``extra_rules``."""
+    env = env or {}
     tenth = str((expect_steps + 9) // 10)  # the scripts' tenth: steps in the first / last 10%
+    args: list[str] = []
     # sft.sh names it $EXPECT_STEPS (script scope), common.sh $expect_steps (a function local).
-    return [
-        str(expect_steps) if a in ("$EXPECT_STEPS", "$expect_steps") else
-        a.replace("$((tenth + 1))", str(int(tenth) + 1)).replace("$tenth", tenth).replace("${MIN_VAL_GAIN:-0.15}",
-                                                                                          "0.15")
-        for a in check_run_args(script)
-    ]
+    for a in check_run_args(script):
+        if a.startswith("${GRPO_EXTRA_RULES[@]"):
+            args += extra_rules
+            continue
+        a = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m.group(1), m.group(2)), a)
+        args.append(str(expect_steps) if a in ("$EXPECT_STEPS", "$expect_steps") else
+                    a.replace("$((tenth + 1))", str(int(tenth) + 1)).replace("$tenth", tenth))
+    return args
 
 
 def run_script_rules(capsys, script: str, fixture: Path, expect_steps: int) -> tuple[int, str]:
@@ -240,3 +250,42 @@ def test_a_real_run_with_one_metric_frozen_fails_its_must_move_check(script, rul
     assert code == 1 and rows[rule]["status"] == "FAIL"
     # nothing else fails for another reason (other checks of the frozen metric may fail too)
     assert [r for r, row in rows.items() if row["status"] != "PASS" and metric not in r] == []
+
+
+def grpo_async_script(k: int = 1) -> tuple[dict[str, str], tuple[str, ...]]:
+    """grpo_async.sh's exported bounds (their defaults) and its ``GRPO_EXTRA_RULES`` with ``$k``."""
+    text = (ROOT / "tests" / "functional" / "grpo_async.sh").read_text()
+    env = dict(re.findall(r"(\w+)=\$\{\1:-([^}]*)\}", text.split("\nexport ", 1)[1].splitlines()[0]))
+    arrays = re.findall(r"GRPO_EXTRA_RULES\+?=\((.*?)\)\n", text, re.S)
+    rules = [r.replace("$k", str(k)) for block in arrays for r in shlex.split(block)]
+    return env, tuple(rules)
+
+
+class TestGrpoAsyncScript:
+    def test_healthy_async_run_passes_every_rule(self, capsys, monkeypatch):
+        monkeypatch.setenv("COLUMNS", "250")
+        env, extra = grpo_async_script()
+        assert env == {"PROBS_RATIO_MIN": "0.3", "PROBS_RATIO_MAX": "3", "CLIP_FRACTION_MEAN": "0.1"}
+        assert len(extra) == 4 and any("async/staleness_max" in r for r in extra)
+        args = resolved_args("grpo.sh", 300, env, extra)
+        code = check_metrics.main([str(FIXTURES / "grpo_async_healthy.json"), *args])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert "FAIL" not in out and "VACUOUS" not in out
+
+    def test_the_on_policy_bounds_would_fail_it(self, capsys):
+        """Why grpo_async.sh loosens them: its ratios spread wider (measured)."""
+        code = check_metrics.main([str(FIXTURES / "grpo_async_healthy.json"), *resolved_args("grpo.sh", 300)])
+        rows = "".join(failing_rows(capsys.readouterr().out))
+        assert code == 1 and 'median(data["train/probs_ratio_min"]) > 0.5' in rows
+
+    @pytest.mark.parametrize(("metric", "value"), [("async/staleness_max", 2.0), ("async/dropped_fraction", 0.25)])
+    def test_one_stale_or_dropping_step_fails(self, tmp_path, capsys, monkeypatch, metric, value):
+        monkeypatch.setenv("COLUMNS", "250")
+        data = json.loads((FIXTURES / "grpo_async_healthy.json").read_text())
+        data[metric]["150"] = value
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(data))
+        env, extra = grpo_async_script()
+        assert check_metrics.main([str(path), *resolved_args("grpo.sh", 300, env, extra)]) == 1
+        assert any(metric in row for row in failing_rows(capsys.readouterr().out))
