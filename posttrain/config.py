@@ -62,9 +62,6 @@ class MegatronConfig(Section):
 
     tensor_model_parallel_size: int = Field(1, ge=1, description="GPUs (policy workers) one model is split over")
     pipeline_model_parallel_size: int = Field(1, ge=1, description="only 1: pipeline stages are not implemented")
-    precision: Literal["fp32", "bf16-mixed"] = Field(
-        "bf16-mixed", description="bf16-mixed: bf16 weights and compute, fp32 master weights and Adam state"
-    )
 
     @model_validator(mode="after")
     def _no_pipeline_yet(self) -> MegatronConfig:
@@ -74,6 +71,26 @@ class MegatronConfig(Section):
                 "the Megatron policy has no pipeline schedule yet (use 1; tensor parallelism is supported)"
             )
         return self
+
+
+Precision = Literal["fp32", "bf16", "bf16-mixed"]
+
+
+def resolve_precision(precision: str, device: str) -> Precision:
+    """``policy.precision`` for a worker on ``device``: ``auto`` is ``bf16-mixed`` on CUDA and
+    ``fp32`` on a CPU (where bf16 matmuls are slower than fp32 without AMX and the tests
+    compare logprobs exactly); the others as given."""
+    if precision == "auto":
+        return "bf16-mixed" if device == "cuda" else "fp32"
+    if precision not in ("fp32", "bf16", "bf16-mixed"):
+        raise ConfigError(f"unknown policy.precision '{precision}': expected auto, fp32, bf16 or bf16-mixed")
+    return precision  # type: ignore[return-value]
+
+
+def engine_dtype(precision: Precision) -> Literal["float32", "bfloat16"]:
+    """The generation engine's dtype for a policy of ``precision``: the engine holds the weights
+    the trainer computes with (fp32, or bf16 for both bf16 modes)."""
+    return "float32" if precision == "fp32" else "bfloat16"
 
 
 # Every linear layer of a Qwen2/Llama decoder block (attention and MLP).
@@ -101,6 +118,13 @@ class PolicyConfig(Section):
     )
     megatron: MegatronConfig = MegatronConfig()
     lora: LoraConfig = LoraConfig()
+    precision: Literal["auto", "fp32", "bf16", "bf16-mixed"] = Field(
+        "auto", description="fp32; bf16 (bf16 weights, compute and optimizer state); bf16-mixed (bf16 compute, fp32 "
+        "master weights and optimizer state); auto: bf16-mixed on CUDA, fp32 on CPU. TF32 matmuls on CUDA for fp32. "
+        "The generation engine runs in the policy's compute dtype"
+    )
+    tf32: bool = Field(True, description="fp32 on CUDA: TF32 tensor-core matmuls in the trainer and the engines "
+                       "alike; false: full fp32 everywhere (exact parity runs)")
     lr: float = Field(3e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: list[float] = Field([0.9, 0.999], min_length=2, max_length=2, description="AdamW (beta1, beta2)")
@@ -121,6 +145,13 @@ class PolicyConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _megatron_precisions(self) -> PolicyConfig:
+        if self.backend == "megatron" and self.precision == "bf16":
+            raise ValueError("precision=bf16 needs backend=hf: megatron-core's optimizer keeps fp32 master weights "
+                             "(use bf16-mixed)")
+        return self
+
+    @model_validator(mode="after")
     def _lora_on_hf_only(self) -> PolicyConfig:
         if self.lora.rank > 0 and self.backend != "hf":
             raise ValueError(f"lora.rank={self.lora.rank} needs backend=hf (LoRA is built on peft over a "
@@ -138,8 +169,16 @@ class PolicyWorkerConfig(PolicyConfig):
 
     @classmethod
     def of(cls, policy: PolicyConfig, temperature: float, device: str) -> PolicyWorkerConfig:
-        """``policy`` with the run's ``temperature`` and ``device``."""
-        return cls.model_validate({**policy.model_dump(), "temperature": temperature, "device": device})
+        """``policy`` with the run's ``temperature`` and ``device``, its precision resolved
+        (never ``auto``: see :func:`resolve_precision`)."""
+        precision = resolve_precision(policy.precision, device)
+        return cls.model_validate({**policy.model_dump(), "precision": precision, "temperature": temperature,
+                                   "device": device})
+
+    @property
+    def resolved_precision(self) -> Precision:
+        """``precision`` with ``auto`` resolved for ``device``."""
+        return resolve_precision(self.precision, self.device)
 
 
 class RefitProbeConfig(Section):
@@ -149,8 +188,9 @@ class RefitProbeConfig(Section):
     num_sequences: int = Field(8, ge=0, description="probe sequences; 0 turns the probe off")
     prompt_tokens: int = Field(8, ge=1)
     completion_tokens: int = Field(8, ge=1)
-    max_logprob_error: float | None = Field(
-        1e-3, gt=0, description="mean |logp_engine - logp_trainer| (nats) above this fails the run; null: log only"
+    max_logprob_error: float | Literal["auto"] | None = Field(
+        "auto", description="mean |logp_engine - logp_trainer| (nats) above this fails the run; null: log only; "
+        "auto: 1e-3 when the policy computes in fp32, 0.2 in bf16 (see refit_probe.PROBE_BOUNDS)"
     )
     seed: int = 0
 
@@ -221,11 +261,17 @@ class GenerationWorkerConfig(Section):
     max_model_len: int | None = Field(None, ge=2, description="vLLM: prompt + completion tokens; null: the model's")
     max_num_seqs: int = Field(256, ge=1, description="vLLM: sequences in flight (sizes the KV cache)")
     sleep_when_idle: bool = Field(False, description="vLLM on a GPU, colocated: free the memory between calls")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="the engine's weights and compute")
+    tf32: bool = Field(True, description="float32 on CUDA: TF32 matmuls (policy.tf32, as the trainer)")
 
     @classmethod
-    def of(cls, generation: GenerationConfig, cluster: ClusterConfig, seed: int) -> GenerationWorkerConfig:
-        """The worker config of a run: ``generation``'s keys, ``cluster``'s device and the run's ``seed``."""
-        return cls(device=cluster.device, seed=seed, num_threads=generation.num_threads,
+    def of(cls, generation: GenerationConfig, cluster: ClusterConfig, seed: int,
+           precision: Precision = "fp32", tf32: bool = True) -> GenerationWorkerConfig:
+        """The worker config of a run: ``generation``'s keys, ``cluster``'s device, the run's
+        ``seed``, and the dtype and TF32 setting of a policy of (resolved) ``precision`` and
+        ``tf32`` (:func:`engine_dtype`)."""
+        return cls(device=cluster.device, seed=seed, num_threads=generation.num_threads, dtype=engine_dtype(precision),
+                   tf32=tf32,
                    max_model_len=generation.max_model_len,
                    max_num_seqs=generation.max_num_seqs,
                    sleep_when_idle=generation.colocated and cluster.device != "cpu")

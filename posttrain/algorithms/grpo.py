@@ -188,8 +188,8 @@ def validate(rt: Runtime, val: list[MathProblem], cfg: GRPOMasterConfig) -> dict
 
 def learn(rt: Runtime, rollouts: Rollouts, cfg: GRPOMasterConfig, loss_fn: ClippedPGLoss, timer: Timer,
           trainer_version: int, off_policy: bool = False) -> dict[str, float]:
-    """One policy update from scored rollouts: advantages, the kept rows, old and reference
-    logprobs, the train call; returns the step's ``train/*`` metrics.
+    """One policy update from scored rollouts: advantages, the kept rows, old and (when
+    ``kl_coef`` > 0) reference logprobs, the train call; returns the step's ``train/*`` metrics.
 
     Args:
         trainer_version: the policy's weight version before this update.
@@ -204,10 +204,13 @@ def learn(rt: Runtime, rollouts: Rollouts, cfg: GRPOMasterConfig, loss_fn: Clipp
         advantages, keep = select_rows(rollouts, cfg.grpo)
         batch, gen_logprobs = to_train_batch(rollouts, keep, rt.tokenizer.pad_token_id)
     with timer.time("logprobs"):
-        old_logprobs = rt.policy.get_logprobs(batch)
-        ref_logprobs = rt.policy.get_logprobs(batch, reference=True)
+        # The reference policy only enters the loss through the KL term: at kl_coef 0 it is
+        # not scored at all (and train/kl is not logged), as in TRL and verl.
+        old_logprobs, ref_logprobs = rt.policy.get_old_and_reference_logprobs(batch, loss_fn.kl_coef > 0)
     with timer.time("train"):
-        extra = {"advantages": advantages[keep], "old_logprobs": old_logprobs, "ref_logprobs": ref_logprobs}
+        extra = {"advantages": advantages[keep], "old_logprobs": old_logprobs}
+        if ref_logprobs is not None:
+            extra["ref_logprobs"] = ref_logprobs
         if off_policy and loss_fn.importance_weight_cap is not None:
             extra["behaviour_logprobs"] = gen_logprobs
         elif off_policy:

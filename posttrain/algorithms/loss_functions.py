@@ -54,7 +54,8 @@ class ClippedPGLoss:
 
     Attributes:
         clip_eps: epsilon of the ratio clip (0.2 in PPO/GRPO).
-        kl_coef: beta, weight of the KL penalty (0 disables the term, not the metric).
+        kl_coef: beta, weight of the KL penalty (at 0 the caller may leave out the reference
+            logprobs: then neither the term nor the ``kl`` metric is computed).
         importance_weight_cap: C of the truncated importance weight (None: no weight).
     """
 
@@ -70,17 +71,19 @@ class ClippedPGLoss:
         Args:
             logprobs: ``[B, L]`` float32 current-policy logprobs (with grad).
             data: ``completion_mask [B, L]``, ``advantages [B]``, ``old_logprobs [B, L]``
-                (the policy that sampled / started this step), ``ref_logprobs [B, L]``;
-                ``behaviour_logprobs [B, L]`` when ``importance_weight_cap`` is set.
+                (the policy that sampled / started this step), ``ref_logprobs [B, L]``
+                (required when ``kl_coef`` > 0; without it there is no KL term and no ``kl``
+                metric); ``behaviour_logprobs [B, L]`` when ``importance_weight_cap`` is set.
             num_tokens: unmasked tokens in the global batch (> 0).
 
         Returns:
-            (scalar loss, metrics summed over this micro-batch's tokens: ``loss``, ``kl``,
-            ``clip_fraction`` (and ``importance_weight`` with a cap), divided by ``num_tokens``;
+            (scalar loss, metrics summed over this micro-batch's tokens: ``loss``, ``kl`` (with
+            ``ref_logprobs``), ``clip_fraction`` (and ``importance_weight`` with a cap), divided by ``num_tokens``;
             ``probs_ratio_min/max`` as min/max).
 
         Raises:
-            KeyError: ``importance_weight_cap`` is set and ``data`` has no ``behaviour_logprobs``.
+            KeyError: ``importance_weight_cap`` is set and ``data`` has no ``behaviour_logprobs``,
+                or ``kl_coef`` > 0 and it has no ``ref_logprobs``.
         """
         mask = data["completion_mask"]
         advantages = data["advantages"][:, None]  # [B, 1]
@@ -95,18 +98,25 @@ class ClippedPGLoss:
             behaviour_gap = torch.where(mask > 0, data["old_logprobs"] - data["behaviour_logprobs"], 0.0)
             weight = behaviour_gap.detach().clamp(max=20.0).exp().clamp(max=self.importance_weight_cap)
             pg = pg * weight
-        kl = kl_k3(logprobs, torch.where(mask > 0, data["ref_logprobs"], logprobs.detach()))
-        loss = masked_sum(pg + self.kl_coef * kl, mask) / num_tokens
+        per_token = pg
+        kl = None
+        if "ref_logprobs" in data:
+            kl = kl_k3(logprobs, torch.where(mask > 0, data["ref_logprobs"], logprobs.detach()))
+            per_token = pg + self.kl_coef * kl
+        elif self.kl_coef > 0:
+            raise KeyError(f"kl_coef={self.kl_coef} needs data['ref_logprobs'] (the reference policy's logprobs)")
+        loss = masked_sum(per_token, mask) / num_tokens
         with torch.no_grad():
             is_clipped = ((ratio * advantages) > (clipped * advantages)).float()
             real = mask > 0
             metrics = {
                 "loss": loss.item(),
-                "kl": (masked_sum(kl, mask) / num_tokens).item(),
                 "clip_fraction": (masked_sum(is_clipped, mask) / num_tokens).item(),
                 "probs_ratio_min": ratio[real].min().item() if real.any() else 1.0,
                 "probs_ratio_max": ratio[real].max().item() if real.any() else 1.0,
             }
+            if kl is not None:
+                metrics["kl"] = (masked_sum(kl, mask) / num_tokens).item()
             if self.importance_weight_cap is not None:
                 metrics["importance_weight"] = (masked_sum(weight, mask) / num_tokens).item()
         return loss, metrics

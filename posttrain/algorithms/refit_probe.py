@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from posttrain.config import RefitProbeConfig
-from posttrain.data.batch import make_batch
+from posttrain.config import Precision, RefitProbeConfig
+from posttrain.data.batch import TokenBatch, make_batch
 from posttrain.errors import RefitProbeError
 from posttrain.models.generation.interfaces import Generation
 from posttrain.models.policy.interfaces import PolicyInterface
@@ -51,6 +51,17 @@ def probe_errors(engine: torch.Tensor, trainer: torch.Tensor, mask: torch.Tensor
     }
 
 
+# The probe's bound (mean |logp_engine - logp_trainer|, nats) per policy precision, used when
+# ``max_logprob_error`` is ``auto``. fp32: both sides hold the same float32 weights and differ
+# only in kernel order (0 to ~1e-6 measured), so 1e-3 is exact for the purpose. bf16: the
+# engine holds the weights rounded to bfloat16 (relative error 2^-9) and its activations in
+# bf16, so logits differ by ~2^-8 of their size; the probe's random tokens are unlikely ones
+# (|logp| ~ 10-20 nats), hence ~0.05-0.1 nats. Measured on CPU (arithmetic warm start,
+# bf16-mixed trainer vs bf16 HF engine, 5 probe seeds): healthy mean 0.059, max 0.095; one
+# training step without a refit: 0.61-0.69. 0.2 keeps 2x over the healthy maximum.
+PROBE_BOUNDS: dict[str, float] = {"fp32": 1e-3, "bf16": 0.2, "bf16-mixed": 0.2}
+
+
 class RefitProbe:
     """Fixed probe sequences and the bound they are judged by.
 
@@ -59,20 +70,33 @@ class RefitProbe:
         tokenizer: the run's tokenizer (probe tokens avoid its special tokens).
         temperature: the sampling temperature both sides score at (the trainer's
             logprobs are at the generation temperature).
+        precision: the policy's resolved precision; picks the bound when
+            ``cfg.max_logprob_error`` is ``auto`` (:data:`PROBE_BOUNDS`).
     """
 
-    def __init__(self, cfg: RefitProbeConfig, tokenizer: Any, temperature: float):
+    def __init__(self, cfg: RefitProbeConfig, tokenizer: Any, temperature: float, precision: Precision = "fp32"):
         special = set(getattr(tokenizer, "all_special_ids", []))
         vocab = [i for i in range(len(tokenizer)) if i not in special]
         self.prompts, self.completions = probe_sequences(vocab, cfg)
         self.pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
-        self.bound = cfg.max_logprob_error
+        self.bound = PROBE_BOUNDS[precision] if cfg.max_logprob_error == "auto" else cfg.max_logprob_error
         self.temperature = temperature
 
-    def measure(self, policy: PolicyInterface, generation: Generation) -> dict[str, float]:
-        """Score the probe on both sides; the two ``train/refit_*`` metrics of :func:`probe_errors`."""
-        batch = make_batch(self.prompts, self.completions, self.pad_id)
-        trainer = policy.get_logprobs(batch)  # [B, L]
+    @property
+    def batch(self) -> TokenBatch:
+        """The probe sequences as the trainer scores them."""
+        return make_batch(self.prompts, self.completions, self.pad_id)
+
+    def measure(self, policy: PolicyInterface, generation: Generation,
+                trainer: torch.Tensor | None = None) -> dict[str, float]:
+        """Score the probe on both sides; the two ``train/refit_*`` metrics of :func:`probe_errors`.
+
+        Args:
+            trainer: the trainer's ``[B, L]`` logprobs of :attr:`batch` when already scored
+                (by ``Policy.put_weights`` in a refit); else the policy is asked.
+        """
+        batch = self.batch
+        trainer = policy.get_logprobs(batch) if trainer is None else trainer  # [B, L]
         engine = torch.zeros_like(trainer)
         for b, row in enumerate(generation.score(self.prompts, self.completions, self.temperature)):
             engine[b, : len(row)] = torch.tensor(row, dtype=engine.dtype)

@@ -10,7 +10,15 @@ from typing import Any
 
 from posttrain.algorithms import checkpointing
 from posttrain.algorithms.refit_probe import RefitProbe
-from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig, PolicyWorkerConfig, RunConfig
+from posttrain.config import (
+    ClusterConfig,
+    GenerationConfig,
+    ModelConfig,
+    PolicyConfig,
+    PolicyWorkerConfig,
+    RunConfig,
+    resolve_precision,
+)
 from posttrain.data.chat import ChatEncoder
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
 from posttrain.errors import ConfigError, StaleWeightsError
@@ -118,7 +126,8 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
         raise
     try:
         if backend:
-            gen = create_generation(generation, cluster, vc, model_path, backend, seed, policy_workers)
+            gen = create_generation(generation, cluster, vc, model_path, backend, seed, policy_workers,
+                                    worker_cfg.resolved_precision, worker_cfg.tf32)
         # Both start in parallel; a constructor error surfaces here, as one line.
         pol.wait_ready()
         if gen is not None:
@@ -129,7 +138,7 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
                 part.shutdown()
         vc.shutdown()
         raise
-    probe = (RefitProbe(generation.refit_probe, tokenizer, generation.temperature)
+    probe = (RefitProbe(generation.refit_probe, tokenizer, generation.temperature, worker_cfg.resolved_precision)
              if generation.refit_probe.num_sequences and gen is not None else None)
     engine = "no generation engine"
     if backend:
@@ -143,7 +152,8 @@ def describe_policy(policy: PolicyConfig, workers: Policy | None = None) -> str:
     """``hf``, ``hf + LoRA (rank R[: T of N parameters trained, P%])`` (the counts when the
     ``workers`` are given) or ``megatron (tp=N, <precision>)``: what the start-up line names."""
     if policy.backend == "megatron":
-        return f"megatron (tp={policy.megatron.tensor_model_parallel_size}, {policy.megatron.precision})"
+        precision = resolve_precision(policy.precision, "cuda")  # megatron runs on CUDA only
+        return f"megatron (tp={policy.megatron.tensor_model_parallel_size}, {precision})"
     if policy.lora.rank > 0:
         counts = ""
         if workers is not None:
@@ -194,6 +204,11 @@ def refit(policy: PolicyInterface, generation: Generation, probe: RefitProbe | N
     """Copy the policy's weights into the generation engine, check the versions agree, and
     (with a ``probe``) check that the engine now scores like the trainer.
 
+    The weights go from the policy worker into Ray's object store and from there to the
+    engines: the driver only passes the reference (``Policy.put_weights``), and the trainer
+    scores the probe in that same call. When every engine holds the policy's GPU, only CUDA
+    IPC handles travel and the engines copy the weights device to device.
+
     Returns:
         The probe's ``train/refit_logprob_error`` and ``train/refit_token_mult_prob_error``
         (empty without a probe).
@@ -204,13 +219,16 @@ def refit(policy: PolicyInterface, generation: Generation, probe: RefitProbe | N
         RefitProbeError: the probe error is over its bound (stale, partial or misnamed weights).
     """
     version = policy.weight_version
-    generation.update_weights(policy.get_weights(), version)
+    cuda_ipc = policy.shares_gpu_with(generation)
+    weights, trainer_probe = policy.put_weights(probe.batch if probe is not None else None, cuda_ipc=cuda_ipc)
+    generation.update_weights(weights, version)
+    del weights  # the engines hold their copies: the object store may free it
     engine_version = generation.weight_version()
     if engine_version != version:
         raise StaleWeightsError(f"refit failed: generation engine at weight version {engine_version}, "
                                 f"trainer at {version}")
     if probe is None:
         return {}
-    metrics = probe.measure(policy, generation)
+    metrics = probe.measure(policy, generation, trainer_probe)
     probe.check(metrics, version)
     return metrics

@@ -88,14 +88,16 @@ class RayWorkerGroup:
         """Call ``method`` with the same arguments on every worker; results in rank order.
 
         Positional arguments go into the object store once and every worker reads that
-        copy (a refit's state dict is not serialized once per worker).
+        copy (a refit's state dict is not serialized once per worker); an argument that is an
+        ``ObjectRef`` already is passed as it is, and Ray hands each worker its value.
         """
         return self.gather(self.submit_all(method, *args, **kwargs), method)
 
     def submit_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """:meth:`run_all` without waiting: the calls' object refs, in rank order, for
         :meth:`gather` (so that several groups can work at once, e.g. start their engines)."""
-        refs = [ray.put(a) for a in args] if len(self.workers) > 1 else list(args)
+        refs = ([a if isinstance(a, ray.ObjectRef) else ray.put(a) for a in args] if len(self.workers) > 1
+                else list(args))
         return [getattr(w, method).remote(*refs, **kwargs) for w in self.workers]
 
     def gather(self, refs: list[Any], method: str) -> list[Any]:

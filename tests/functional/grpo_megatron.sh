@@ -3,8 +3,9 @@
 # the rollout / reference / logprob wiring, a short job, and proof that it learned (the GRPO
 # rules of grpo.sh; held-out accuracy must gain MIN_VAL_GAIN, default 0.10). The policy and
 # the generation engine share the GPU (half each); the engine is vLLM when installed, else
-# Hugging Face generate on the GPU (the output says which ran). fp32, so the weight-sync
-# probe stays at float rounding and the run compares with the HF policy's.
+# Hugging Face generate on the GPU (the output says which ran). Full fp32 (no TF32) on both
+# sides, so the weight-sync probe stays at float rounding and the run compares with the HF
+# policy's (run in the same precision).
 #   uv run bash tests/functional/grpo_megatron.sh [key.sub=value ...]   (brings in the mcore extra)
 #   COMPARE_HF=1 ...: then both policies from the same warm start for each seed of
 #                     COMPARE_SEEDS (default "0 1 2"; same steps): their mean held-out accuracy
@@ -16,8 +17,8 @@ require_extra mcore megatron.core "$@"
 export BACKEND=${BACKEND:-auto}
 echo "== generation engine: $(python -c "from posttrain.models.generation.factory import resolve_backend as r; print(r('$BACKEND'))")"
 export MIN_VAL_GAIN=${MIN_VAL_GAIN:-0.10}
-shared_gpu=(cluster.gpus_per_worker=0.5 generation.colocated=true)
-megatron=(policy.backend=megatron policy.megatron.precision=fp32 "${shared_gpu[@]}")
+shared_gpu=(cluster.gpus_per_worker=0.5 generation.colocated=true policy.precision=fp32 policy.tf32=false)
+megatron=(policy.backend=megatron "${shared_gpu[@]}")
 grpo_functional grpo_megatron "${megatron[@]}" "$@"
 
 if [ "${COMPARE_HF:-0}" = 1 ]; then

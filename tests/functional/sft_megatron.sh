@@ -7,7 +7,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 require_gpus 1
 require_extra mcore megatron.core "$@"
 SFT_CONFIG=examples/configs/sft_gsm8k.yaml
-overrides=(policy.backend=megatron policy.megatron.precision=bf16-mixed cluster.gpus_per_worker=0.5
+overrides=(policy.backend=megatron policy.precision=bf16-mixed cluster.gpus_per_worker=0.5
            generation.backend="${BACKEND:-auto}" "$@")
 validate examples/run_sft.py --config "$SFT_CONFIG" "${overrides[@]}"
 functional_setup sft_megatron

@@ -41,13 +41,15 @@ def free_tcp_address() -> str:
 
 
 def worker_cfg(backend: str, temperature: float = 1.0, precision: str = "fp32", tensor_parallel: int = 1,
-               device: str | None = None, **policy: Any) -> PolicyWorkerConfig:
+               device: str | None = None, tf32: bool = False, **policy: Any) -> PolicyWorkerConfig:
     """What a policy worker is constructed with: ``PolicyConfig`` keys (``policy``) + the run's
-    temperature and device (default "cuda" for megatron, "cpu" for hf and lora)."""
-    megatron = {"precision": precision, "tensor_model_parallel_size": tensor_parallel}
+    temperature and device (default "cuda" for megatron, "cpu" for hf and lora). TF32 is off
+    by default: the backends must agree with independent fp32 computations."""
+    megatron = {"tensor_model_parallel_size": tensor_parallel}
     if backend == "lora":
         backend, policy = "hf", {"lora": {"rank": LORA_RANK}, **policy}
-    cfg = PolicyConfig.model_validate({**policy, "backend": backend, "megatron": megatron})
+    cfg = PolicyConfig.model_validate({**policy, "backend": backend, "megatron": megatron, "precision": precision,
+                                   "tf32": tf32})
     return PolicyWorkerConfig.of(cfg, temperature, device or ("cuda" if backend == "megatron" else "cpu"))
 
 

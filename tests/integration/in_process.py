@@ -21,6 +21,7 @@ placement, refit through the object store) is tested with real Ray elsewhere
 
 from __future__ import annotations
 
+import functools
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from posttrain.algorithms import runtime
 from posttrain.config import load_config
 from posttrain.models.generation import engine_group
 from posttrain.models.generation.hf_generation_worker import HfGenerationWorker, HfGenerationWorkerImpl
-from posttrain.models.policy import lm_policy
+from posttrain.models.policy import base_policy_worker, lm_policy
 from posttrain.models.policy.hf_policy_worker import HfPolicyWorker, HfPolicyWorkerImpl
 
 # The Ray wrapper -> the class it wraps (the wrappers have no logic of their own), and its role.
@@ -43,6 +44,12 @@ IMPLS: dict[Any, tuple[type, str]] = {
     HfPolicyWorker: (HfPolicyWorkerImpl, "policy"),
     HfGenerationWorker: (HfGenerationWorkerImpl, "generation"),
 }
+
+
+# Methods a worker calls on itself inside a fused call (``train_step`` trains, then reports;
+# ``get_old_and_reference_logprobs`` and ``put_weights`` score): recorded as calls of their own,
+# so a test reads the loop's training and scoring however the driver batched its requests.
+NESTED: dict[str, tuple[str, ...]] = {"policy": ("train", "get_logprobs")}
 
 
 def _copy(value: Any) -> Any:
@@ -113,6 +120,9 @@ class LocalWorkerGroup:
         self.workers = []
         for rank, _ in enumerate(indices):
             impl = impl_cls(*_copy(args), rank=rank, **_copy(kwargs))
+            for name in NESTED.get(self.role, ()):
+                recorded = functools.partial(self._record, impl, rank, name, getattr(impl, name))
+                setattr(impl, name, recorded)  # an instance attribute: the worker's own calls go through it
             if self.role == "policy":
                 # with LoRA the reference is the trained model with its adapters off (None here)
                 for model in (m for m in (impl.model, impl.reference) if m is not None):
@@ -136,11 +146,17 @@ class LocalWorkerGroup:
 
     def _call(self, rank: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         worker = self.workers[rank]
+        fn = getattr(worker, method)
+        if isinstance(fn, functools.partial):  # a NESTED method: it records itself
+            return fn(*_copy(args), **_copy(kwargs))
+        return self._record(worker, rank, method, fn, *args, **kwargs)
+
+    def _record(self, worker: Any, rank: int, method: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         call = Call(self.role, rank, method, _copy(args), _copy(kwargs))
         if self.role == "policy" and method == "train":
             call.weights_before = worker.get_weights()
         self.recorder.calls.append(call)
-        result = _copy(getattr(worker, method)(*call.args, **call.kwargs))
+        result = _copy(fn(*call.args, **call.kwargs))
         transform = self.recorder.transforms.get((self.role, method))
         call.result = transform(call, result) if transform else result
         return _copy(call.result)  # the driver gets its own copy, the record stays as received
@@ -215,6 +231,9 @@ class InProcess:
         monkeypatch.setattr(runtime, "resolve_backend", hf_only)
         monkeypatch.setattr(lm_policy, "RayWorkerGroup", group)
         monkeypatch.setattr(engine_group, "RayWorkerGroup", group)
+        # No object store: a refit's "reference" is the weights themselves (Ray would resolve it
+        # to them at the engine).
+        monkeypatch.setattr(base_policy_worker, "object_store_put", lambda value: value)
 
     def run(self, algorithm: ModuleType, config: str | Path, overrides: list[str],
             transforms: dict[tuple[str, str], Callable[[Call, Any], Any]] | None = None) -> Run:

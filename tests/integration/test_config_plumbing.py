@@ -615,7 +615,7 @@ PROVEN_ELSEWHERE: dict[str, str] = {
     "checkpoint.resume": RESUME + "test_resume_auto_takes_the_newest_complete_checkpoint_and_never_starts_over",
     # the Megatron keys act on a GPU (the mcore tier); on CPU the run stops at the backend check
     "policy.megatron.tensor_model_parallel_size": MCORE + "test_tensor_parallel_2_matches_the_hf_worker",
-    "policy.megatron.precision": MCORE + "test_bf16_mixed_keeps_fp32_master_weights_and_learns",
+    "policy.precision": MCORE + "test_bf16_mixed_keeps_fp32_master_weights_and_learns",
     "policy.megatron.pipeline_model_parallel_size": "tests/unit/models/megatron/test_backend_checks.py::"
                                                     "test_megatron_pipeline_parallelism_is_refused",
     "data.dataset": "tests/integration/test_loop_data.py::test_grpo_on_gsm8k_trains_on_the_train_file_and_validates_"

@@ -43,7 +43,7 @@ MCORE_WORKER = "posttrain/models/policy/megatron_policy_worker.py"
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
 # the others are the classes of issue 12.
 CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "stale-engine", "prompts", "megatron",
-           "resume", "lora", "async")
+           "resume", "lora", "async", "precision")
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,8 @@ MUTANTS: tuple[Mutant, ...] = (
     # beyond the issue's list
     Mutant("engine_ignores_weights", "the generation engine takes the new weight version but keeps its old weights",
            "posttrain/models/generation/hf_generation_worker.py",
-           (("self.model.load_state_dict(weights, strict=True)", "pass"),),
+           (("result = self.model.load_state_dict(weights, strict=False)",
+             "result = self.model.load_state_dict(self.model.state_dict(), strict=False)"),),
            ("tests/unit/algorithms/test_runtime_refit.py",)),
     Mutant("logits_not_shifted", "completion token j is scored by the logits at its own position, not the one before",
            "posttrain/ops.py",
@@ -194,7 +195,7 @@ MUTANTS: tuple[Mutant, ...] = (
            klass="metrics"),
     Mutant("pack_kl_must_move_dropped", "the grpo pack no longer fails a KL that never moves",
            "posttrain/testing/rules/packs.py",
-           (('_moves("train/entropy"), _moves("train/kl"),', '_moves("train/entropy"),'),),
+           (('_moves("train/entropy"), _moves("train/kl", optional=True),', '_moves("train/entropy"),'),),
            ("tests/unit/testing/rules/test_rule_packs.py",), klass="metrics"),
     Mutant("std_of_constant_not_zero", "std takes fsum/n as the mean: a frozen metric's std is a rounding error > 0",
            "posttrain/testing/rules/helpers.py",
@@ -364,7 +365,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("hf_engine_loads_a_partial_refit", "the hf engine takes a refit with a tensor missing and moves its version",
            "posttrain/models/generation/hf_generation_worker.py",
            (("        if missing or unknown:", "        if False:"),
-            ("self.model.load_state_dict(weights, strict=True)", "self.model.load_state_dict(weights, strict=False)")),
+            ("            if result.unexpected_keys or set(result.missing_keys) - self.optional_weights:",
+             "            if False:")),
            ("tests/unit/models/generation/test_refit_probe.py::test_hf_partial_refit_is_refused",),
            klass="stale-engine"),
     Mutant("sft_starts_an_unused_engine", "SFT validating by loss only still starts (and reserves) a generation engine",
@@ -403,4 +405,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/algorithms/loss_functions.py",
            (("            pg = pg * weight\n", "            pg = pg\n"),),
            (f"{LOSSES}::test_truncated_importance_weight_matches_hand_computation",), klass="async"),
+    # policy.precision (issue 16): a mode that silently computes in another precision
+    Mutant("bf16_mixed_computes_in_fp32", "bf16-mixed keeps fp32 master weights but never turns autocast on",
+           "posttrain/models/policy/hf_policy_worker.py",
+           (('enabled=self.precision == "bf16-mixed")', "enabled=False)"),),
+           ("tests/unit/models/policy/test_precision.py::test_bf16_mixed_computes_in_bf16_over_fp32_master_weights",),
+           klass="precision"),
+    Mutant("engine_dtype_ignores_precision", "the engine stays float32 whatever the policy computes in",
+           "posttrain/config.py",
+           (('return "float32" if precision == "fp32" else "bfloat16"', 'return "float32"'),),
+           ("tests/unit/models/policy/test_precision.py",), klass="precision"),
 )

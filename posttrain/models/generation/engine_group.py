@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ray
 import torch
 
 from posttrain.config import GenerationWorkerConfig
@@ -81,9 +82,14 @@ class EngineGroup:
                                         temperature=temperature)
         return [row for rows in shards for row in rows]
 
-    def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        """Refit: the weights go into the object store once; every engine loads that copy."""
+    def update_weights(self, weights: dict[str, torch.Tensor] | ray.ObjectRef, version: int) -> None:
+        """Refit: the weights go into the object store once (or are there already: a
+        reference from ``Policy.put_weights``); every engine loads that copy."""
         self.group.run_all("update_weights", weights, version)
+
+    def gpu_uuids(self) -> list[str | None]:
+        """Each engine's GPU (None on a CPU), in rank order."""
+        return self.group.run_all("gpu_uuid")
 
     def weight_version(self) -> int:
         """The engines' weight version.

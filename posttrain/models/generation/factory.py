@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Literal
 
-from posttrain.config import ClusterConfig, GenerationConfig, GenerationWorkerConfig
+from posttrain.config import ClusterConfig, GenerationConfig, GenerationWorkerConfig, Precision
 from posttrain.distributed.ray_cluster import RayVirtualCluster
 from posttrain.errors import ConfigError
 from posttrain.models.generation.engine_group import EngineGroup
@@ -47,15 +47,16 @@ def num_bundles(cfg: GenerationConfig, backend: Literal["hf", "vllm"], policy_wo
 
 def create_generation(cfg: GenerationConfig, cluster_cfg: ClusterConfig, cluster: RayVirtualCluster,
                       model_path: str, backend: Literal["hf", "vllm"], seed: int,
-                      policy_workers: int = 1) -> EngineGroup:
+                      policy_workers: int = 1, precision: Precision = "fp32", tf32: bool = True) -> EngineGroup:
     """Start the engines of ``backend`` on ``cluster`` (bundles ``0 .. policy_workers - 1``
     are the policy's); they start in the background, see :meth:`EngineGroup.wait_ready`.
 
     Colocated vLLM engines go on bundle 0 and reserve nothing; on GPUs they sleep between
     calls so the policy gets the memory back. Otherwise each engine takes bundle
-    ``policy_workers + rank``.
+    ``policy_workers + rank``. The engines hold the weights in the compute dtype of a policy
+    of (resolved) ``precision`` and use TF32 for float32 as it does (``tf32``).
     """
-    worker_cfg = GenerationWorkerConfig.of(cfg, cluster_cfg, seed)
+    worker_cfg = GenerationWorkerConfig.of(cfg, cluster_cfg, seed, precision, tf32)
     if backend == "hf":
         from posttrain.models.generation.hf_generation_worker import HfGenerationWorker
 

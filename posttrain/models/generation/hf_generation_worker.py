@@ -14,11 +14,13 @@ import torch
 from posttrain.config import GenerationWorkerConfig
 from posttrain.errors import StaleWeightsError
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
+from posttrain.models.precision import use_tf32_for_fp32
+from posttrain.models.weight_transfer import CudaIpcWeights, gpu_uuid, materialize
 
 
 class HfGenerationWorkerImpl:
-    """Args: model_path (Hugging Face directory), cfg (its ``num_threads`` and ``device``:
-    "cpu", or "cuda" for the actor of a GPU bundle), rank.
+    """Args: model_path (Hugging Face directory), cfg (its ``num_threads``, ``dtype`` and
+    ``device``: "cpu", or "cuda" for the actor of a GPU bundle), rank.
 
     The model loads in the constructor (an error there is one line at the driver's
     ``wait_ready``); :meth:`start` has nothing left to do.
@@ -32,9 +34,14 @@ class HfGenerationWorkerImpl:
         hf_logging.disable_progress_bar()
         torch.set_num_threads(cfg.num_threads)
         self.device = torch.device(cfg.device)
+        use_tf32_for_fp32(self.device, cfg.dtype == "float32" and cfg.tf32)  # as the policy worker does
         # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, cfg.dtype))
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]
+        # With tied embeddings the output embedding is the input embedding's tensor: a refit
+        # may leave it out (the policy sends it once) and loading the input embedding sets both.
+        tied = getattr(self.model.config, "tie_word_embeddings", False)
+        self.optional_weights = {"lm_head.weight"} if tied else set()
         self.pad_id = self.model.config.pad_token_id
         self.eos_id = self.model.config.eos_token_id
         self.version = 0
@@ -94,21 +101,29 @@ class HfGenerationWorkerImpl:
         logprobs = compute_logprobs(logits, batch.input_ids, batch.prompt_lens, width, temperature).cpu()  # [B, L]
         return [row[: len(c)] for row, c in zip(logprobs.tolist(), completions, strict=True)]
 
-    def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        """Load the policy's weights in place; the version changes only if all of them loaded.
+    def gpu_uuid(self) -> str | None:
+        """This worker's GPU (None on a CPU): the driver refits over CUDA IPC when it is the policy's."""
+        return gpu_uuid()
+
+    def update_weights(self, weights: dict[str, torch.Tensor] | CudaIpcWeights, version: int) -> None:
+        """Load the policy's weights in place (a state dict, or CUDA IPC handles of the
+        policy's GPU tensors); the version changes only if all of them loaded.
 
         Raises:
             StaleWeightsError: a name is missing or unknown, or a shape differs (one line
                 naming the first few); the worker keeps its old weights' version.
         """
-        missing = sorted(set(self.model.state_dict()) - set(weights))
+        weights = materialize(weights)
+        missing = sorted(set(self.model.state_dict()) - set(weights) - self.optional_weights)
         unknown = sorted(set(weights) - set(self.model.state_dict()))
         if missing or unknown:
             raise StaleWeightsError(f"generation worker {self.rank} cannot load weight version {version}: "
                                     f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
                                     f"unknown {unknown[:3]}{'...' if len(unknown) > 3 else ''}")
         try:
-            self.model.load_state_dict(weights, strict=True)
+            result = self.model.load_state_dict(weights, strict=False)
+            if result.unexpected_keys or set(result.missing_keys) - self.optional_weights:  # checked above
+                raise RuntimeError(f"unexpected {result.unexpected_keys}, missing {result.missing_keys}")
         except RuntimeError as exc:  # a shape mismatch: torch's message spans many lines
             raise StaleWeightsError(f"generation worker {self.rank} cannot load weight version {version}: "
                                     f"{str(exc).strip().splitlines()[-1].strip()}") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import ray
 import torch
 
 
@@ -61,8 +62,9 @@ class Generation(Protocol):
         these with the trainer's logprobs of the same tokens after every refit."""
         ...
 
-    def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        """Load ``weights`` (Hugging Face names) and set the engine's weight version."""
+    def update_weights(self, weights: dict[str, torch.Tensor] | ray.ObjectRef, version: int) -> None:
+        """Load ``weights`` (Hugging Face names; or the object-store reference of such a dict,
+        which each worker fetches itself) and set the engine's weight version."""
         ...
 
     def weight_version(self) -> int:

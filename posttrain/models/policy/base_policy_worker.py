@@ -18,6 +18,7 @@ import torch
 from posttrain.config import PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch
 from posttrain.models.policy.interfaces import LossFn, Metrics
+from posttrain.models.weight_transfer import CudaIpcWeights, gpu_uuid
 from posttrain.ops import compute_entropy, compute_logprobs, masked_sum
 from posttrain.utils.memory import peak_rss_gib
 
@@ -34,6 +35,14 @@ def reduce_metrics(acc: Metrics, new: Metrics) -> Metrics:
         else:
             acc[key] += value
     return acc
+
+
+def object_store_put(value: Any) -> Any:
+    """``ray.put(value)``: the object-store reference of ``value`` (a seam: the in-process test
+    harness, which runs workers without Ray, makes it the identity)."""
+    import ray
+
+    return ray.put(value)
 
 
 def _mean(values: list[float]) -> float:
@@ -93,6 +102,56 @@ class PolicyWorkerBase:
                                                self.cfg.temperature))
             model.train(was_training)
         return torch.cat(chunks).cpu()
+
+    def get_old_and_reference_logprobs(self, batch: TokenBatch,
+                                       with_reference: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(old, reference)``: :meth:`get_logprobs` of the current policy and, when
+        ``with_reference``, of the reference policy (else None) - one call for both, so a GRPO
+        step asks the worker once."""
+        old = self.get_logprobs(batch)
+        return old, self.get_logprobs(batch, reference=True) if with_reference else None
+
+    def train_step(self, batch: TokenBatch, extra: dict[str, torch.Tensor],
+                   loss_fn: LossFn) -> tuple[Metrics, int, float]:
+        """:meth:`train`, then what the driver asks next, in the same call: ``(metrics,
+        weight_version after the step, peak resident memory GiB)``."""
+        metrics = self.train(batch, extra, loss_fn)
+        return metrics, self.weight_version, peak_rss_gib()
+
+    def put_weights(self, probe: TokenBatch | None = None,
+                    cuda_ipc: bool = False) -> tuple[list[Any], torch.Tensor | None]:
+        """Refit without the driver: the weights of :meth:`get_weights` go into Ray's object
+        store from here, and the driver hands their reference straight to the engines (it
+        never deserializes them). With ``cuda_ipc`` (the engines share this worker's GPU) the
+        weights stay on the GPU and only their CUDA IPC handles travel
+        (:class:`~posttrain.models.weight_transfer.CudaIpcWeights`; kept alive here until the
+        next refit); a backend whose refit weights are not on the GPU sends them as usual.
+
+        Returns:
+            ``([ref], probe logprobs)``: the reference wrapped in a list, so Ray passes it on
+            instead of fetching it, and :meth:`get_logprobs` of ``probe`` (the weight-sync
+            probe's trainer side, in the same call) or None. Only rank 0's weights are
+            meaningful (other ranks of a tensor-parallel group give ``{}``).
+        """
+        weights: Any = self._refit_weights(on_device=cuda_ipc)
+        self._shared_weights = None  # the previous refit's IPC tensors: every engine has copied them
+        if cuda_ipc and weights and all(t.is_cuda for t in weights.values()):
+            self._shared_weights = weights
+            weights = CudaIpcWeights.share(weights)
+        return [object_store_put(weights)], self.get_logprobs(probe) if probe is not None else None
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """Current weights, Hugging Face names, CPU tensors."""
+        raise NotImplementedError
+
+    def _refit_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """What a refit sends: :meth:`get_weights` unless a backend can send less
+        (``on_device``: it may leave them on the GPU, for CUDA IPC)."""
+        return self.get_weights()
+
+    def gpu_uuid(self) -> str | None:
+        """The UUID of this worker's GPU (None on a CPU): see :func:`posttrain.models.weight_transfer.gpu_uuid`."""
+        return gpu_uuid()
 
     def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
         """Optimizer steps over ``batch`` in global batches of ``train_global_batch_size`` rows,

@@ -21,7 +21,12 @@ from posttrain.config import PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch
 from posttrain.models.policy import lora
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
+from posttrain.models.precision import use_tf32_for_fp32
 from posttrain.utils.checkpoint import atomic_dir
+
+# The output embedding of a Hugging Face causal LM; with ``tie_word_embeddings`` it is the
+# input embedding's tensor, so a refit sends it once (under the input embedding's name).
+TIED_OUTPUT = "lm_head.weight"
 
 
 class HfPolicyWorkerImpl(PolicyWorkerBase):
@@ -31,6 +36,12 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
     :mod:`posttrain.models.policy.lora`): only the adapters train, sit in the optimizer and go
     into checkpoints; the reference is the base model (the adapters switched off) and the
     weights for refit and export are the merged ones.
+
+    Precision (``cfg.precision``, see :func:`posttrain.config.resolve_precision`): ``fp32``
+    holds and computes in float32 (TF32 matmuls on CUDA); ``bf16`` holds the weights, the
+    gradients and AdamW's state in bfloat16; ``bf16-mixed`` holds float32 master weights and
+    optimizer state and runs the forward pass under bfloat16 autocast. Logprobs, entropy and
+    losses are computed in float32 from the logits in every mode.
 
     Args:
         model_path: Hugging Face model directory.
@@ -52,8 +63,11 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         torch.manual_seed(seed + rank)
         self.cfg = cfg
         self.device = torch.device(cfg.device)
+        self.precision = cfg.resolved_precision
+        use_tf32_for_fp32(self.device, self.precision == "fp32" and cfg.tf32)
+        self.param_dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
         # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)  # type: ignore[arg-type]
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.param_dtype).to(self.device)  # type: ignore[arg-type]
         self.use_lora = cfg.lora.rank > 0
         if self.use_lora:
             self.model = lora.apply_lora(self.model, cfg.lora)
@@ -85,7 +99,10 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
                 yield model
 
     def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
-        return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, S, V]
+        # bf16-mixed: bf16 matmuls over the fp32 master weights (autocast casts per op).
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16-mixed")
+        with autocast:
+            return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, S, V]
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -101,11 +118,24 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         return float(self.scheduler.get_last_lr()[0])
 
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """Current weights, Hugging Face parameter names, detached CPU tensors (with LoRA: the
-        merged weights, under the base model's names)."""
-        if self.use_lora:
-            return lora.merged_state_dict(self.model)
-        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        """Current weights, Hugging Face parameter names, detached CPU tensors in the
+        generation engine's dtype (float32 for ``fp32``, else bfloat16; with LoRA: the merged
+        weights, under the base model's names)."""
+        return self._weights_in_engine_dtype(torch.device("cpu"))
+
+    def _weights_in_engine_dtype(self, device: torch.device) -> dict[str, torch.Tensor]:
+        dtype = torch.float32 if self.precision == "fp32" else torch.bfloat16
+        state = lora.merged_state_dict(self.model) if self.use_lora else self.model.state_dict()
+        return {k: v.detach().to(device, dtype, copy=True) for k, v in state.items()}
+
+    def _refit_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """:meth:`get_weights` (on this worker's device with ``on_device``) without a tied
+        output embedding: with ``tie_word_embeddings`` it is the input embedding's tensor,
+        sent once; the engines re-tie it."""
+        weights = self._weights_in_engine_dtype(self.device if on_device else torch.device("cpu"))
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            weights.pop(TIED_OUTPUT, None)
+        return weights
 
     def save_checkpoint(self, path: str, tokenizer_path: str | None = None) -> None:
         """Atomically write the model (Hugging Face format, loadable as a new ``model.path``;
@@ -143,7 +173,7 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         else:
             from transformers import AutoModelForCausalLM
 
-            loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            loaded = AutoModelForCausalLM.from_pretrained(path, dtype=self.param_dtype)
             self.model.load_state_dict(loaded.state_dict())
         state = torch.load(Path(path) / "trainer_state.pt", weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -31,12 +31,27 @@ class PolicyInterface(Protocol):
         """``[B, L]`` float32 logprobs of the completion tokens (current or reference policy)."""
         ...
 
+    def get_old_and_reference_logprobs(self, batch: TokenBatch,
+                                       with_reference: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[B, L]`` logprobs of the current policy and (``with_reference``) the reference, in one call."""
+        ...
+
     def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
         """One training step over ``batch`` (one or more optimizer steps); returns metrics."""
         ...
 
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """The current weights (Hugging Face names, CPU tensors) for refit."""
+        """The current weights (Hugging Face names, CPU tensors), fetched to the caller."""
+        ...
+
+    def put_weights(self, probe: TokenBatch | None = None, cuda_ipc: bool = False) -> tuple[Any, torch.Tensor | None]:
+        """The current weights for refit as an object-store reference (``cuda_ipc``: of CUDA
+        IPC handles to them), and the logprobs of ``probe`` scored in the same call (None
+        without one)."""
+        ...
+
+    def shares_gpu_with(self, generation: Any) -> bool:
+        """Whether ``generation``'s engines all hold this policy's GPU (refit over CUDA IPC)."""
         ...
 
     @property

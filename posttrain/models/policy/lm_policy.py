@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
+import ray
 import torch
 
 from posttrain.config import PolicyConfig, PolicyWorkerConfig
@@ -82,6 +84,10 @@ class Policy:
         self.model_path = model_path
         self.backend = cfg.backend
         self.lora_cfg = cfg.lora
+        # What the workers reported with their last train step (None: ask them).
+        self._version: int | None = None
+        self._peak_gib: float | None = None
+        self._shares_gpu: dict[int, bool] = {}  # id(generation) -> its engines all hold our GPU
 
     def wait_ready(self) -> None:
         """Block until the workers are up (see :meth:`RayWorkerGroup.wait_ready`).
@@ -95,18 +101,54 @@ class Policy:
         """``[B, L]`` float32 completion logprobs (reference=True: the frozen initial policy)."""
         return self.group.run_all("get_logprobs", batch, reference=reference)[0]
 
+    def get_old_and_reference_logprobs(self, batch: TokenBatch,
+                                       with_reference: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[B, L]`` float32 logprobs of the current policy and (``with_reference``) of the
+        frozen initial policy, else None: one round trip for both."""
+        return self.group.run_all("get_old_and_reference_logprobs", batch, with_reference)[0]
+
     def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
-        """One training step; see ``PolicyWorkerBase.train``."""
-        return self.group.run_all("train", batch, extra, loss_fn)[0]
+        """One training step; see ``PolicyWorkerBase.train``. The weight version and peak
+        memory the workers report with it answer :attr:`weight_version` and
+        :meth:`peak_memory_gib` until the next step, without asking again."""
+        results = self.group.run_all("train_step", batch, extra, loss_fn)
+        metrics, self._version, _ = results[0]
+        self._peak_gib = max(peak for _, _, peak in results)
+        return metrics
 
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """Current weights for refit (Hugging Face names, CPU tensors)."""
+        """Current weights (Hugging Face names, CPU tensors in the engine's dtype), fetched to
+        the driver; a refit uses :meth:`put_weights` instead."""
         return self.group.run_all("get_weights")[0]
+
+    def put_weights(self, probe: TokenBatch | None = None,
+                    cuda_ipc: bool = False) -> tuple[ray.ObjectRef, torch.Tensor | None]:
+        """The weights for a refit, left in Ray's object store by the worker: ``(reference,
+        probe logprobs or None)`` (see ``PolicyWorkerBase.put_weights``; ``cuda_ipc``: only
+        handles to the weights on the policy's GPU). Pass the reference to
+        ``Generation.update_weights``; the driver never holds the tensors."""
+        [ref], probe_logprobs = self.group.run_all("put_weights", probe, cuda_ipc=cuda_ipc)[0]
+        return ref, probe_logprobs
+
+    def shares_gpu_with(self, generation: Any) -> bool:
+        """Whether every engine of ``generation`` holds the policy's GPU (rank 0's), so a refit
+        can go over CUDA IPC; asked once per engine group. False on CPUs, and for a
+        ``generation`` that cannot say (no ``gpu_uuids``)."""
+        key = id(generation)
+        if key not in self._shares_gpu:
+            mine = self.group.run_all("gpu_uuid")[0]
+            theirs = generation.gpu_uuids() if hasattr(generation, "gpu_uuids") else [None]
+            self._shares_gpu[key] = mine is not None and all(uuid == mine for uuid in theirs)
+        return self._shares_gpu[key]
 
     @property
     def weight_version(self) -> int:
-        """Completed training steps; refit passes it on to the generation engine."""
-        return self.group.run_all("get_weight_version")[0]
+        """Completed training steps, as the workers reported them with their last step (asked
+        for when none is known: at start and after a checkpoint load); refit passes it on to
+        the generation engine."""
+        if self._version is None:
+            self._version = self.group.run_all("get_weight_version")[0]
+        return self._version
 
     def save_checkpoint(self, path: str) -> None:
         """Write the training state to ``path``, atomically: the weights (a Hugging Face
@@ -125,6 +167,7 @@ class Policy:
             ConfigError: the checkpoint's LoRA adapter (or its absence) does not match ``policy.lora``.
         """
         check_adapter(Path(path), self.lora_cfg)
+        self._version = None  # the checkpoint's version, asked for at the next read
         self.group.run_all("load_checkpoint", path)
 
     def parameter_counts(self) -> tuple[int, int]:
@@ -133,7 +176,10 @@ class Policy:
         return self.group.run_all("parameter_counts")[0]
 
     def peak_memory_gib(self) -> float:
-        """Peak resident memory of the policy worker processes, GiB (the largest)."""
+        """Peak resident memory of the policy worker processes, GiB (the largest): as reported
+        with the last train step, else asked for now."""
+        if self._peak_gib is not None:
+            return self._peak_gib
         return max(self.group.run_all("peak_memory_gib"))
 
     def shutdown(self) -> None:

@@ -22,6 +22,7 @@ from posttrain.config import PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch
 from posttrain.models.megatron.conversion import GPTShape, hf_to_megatron, megatron_to_hf
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
+from posttrain.models.precision import use_tf32_for_fp32
 from posttrain.utils.checkpoint import atomic_dir
 
 OPTIMIZER_STATE = "megatron_optimizer_tp{rank}.pt"
@@ -96,7 +97,10 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase):
         torch.manual_seed(seed)
         self.cfg, self.model_path = cfg, model_path
         mcfg = cfg.megatron
-        self.tp, self.precision, self.rank = mcfg.tensor_model_parallel_size, mcfg.precision, rank
+        self.tp, self.rank = mcfg.tensor_model_parallel_size, rank
+        # (bf16 without master weights is refused at config validation for this backend)
+        self.precision: mc.Precision = "fp32" if cfg.resolved_precision == "fp32" else "bf16-mixed"
+        use_tf32_for_fp32("cuda", self.precision == "fp32" and cfg.tf32)  # as the engines do
         self.shape = GPTShape.from_hf_config(AutoConfig.from_pretrained(model_path))
         self.shape.check_tensor_parallel(self.tp)
         mc.init_parallel_state(init_method, rank, self.tp, self.tp, seed)

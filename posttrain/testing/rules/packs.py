@@ -1,9 +1,10 @@
 """RL rule packs: the standard health checks of a GRPO or SFT run, without writing them.
 
 ``--pack grpo`` adds: loss and grad norm finite on every step, grad norm non-zero on every
-step, reward groups not all zero-variance on any step, entropy above a floor, KL finite,
+step, reward groups not all zero-variance on any step, entropy above a floor, KL finite
+(when logged: a run with ``kl_coef`` 0 scores no reference policy),
 generation/trainer logprob agreement within a bound (when that metric is logged), and
-loss, grad norm, entropy, KL and mean reward not constant over the run.
+loss, grad norm, entropy, KL (when logged) and mean reward not constant over the run.
 ``--pack sft`` adds the loss / grad-norm / entropy checks, a finite ``val/loss``, and loss,
 grad norm, entropy and ``val/loss`` not constant (entropy and ``val/loss`` when logged).
 Bounds have defaults per pack and a CLI flag each (``PACK_BOUNDS``).
@@ -78,10 +79,10 @@ PACKS: dict[str, tuple[PackCheck, ...]] = {
         PackCheck("train/fraction_groups_kept", f"min({_m('train/fraction_groups_kept')}) > {{min_groups_kept}}",
                   "min_groups_kept"),
         PackCheck("train/entropy", f"min({_m('train/entropy')}) > {{min_entropy}}", "min_entropy"),
-        PackCheck("train/kl", f"all_finite({_m('train/kl')})"),
+        PackCheck("train/kl", f"all_finite({_m('train/kl')})", optional=True),
         PackCheck("train/token_mult_prob_error", f"max({_m('train/token_mult_prob_error')}) < {{max_logprob_error}}",
                   "max_logprob_error", optional=True),
-        _moves("train/loss"), _moves("train/grad_norm"), _moves("train/entropy"), _moves("train/kl"),
+        _moves("train/loss"), _moves("train/grad_norm"), _moves("train/entropy"), _moves("train/kl", optional=True),
         _moves("train/reward_mean"),
     ),
     "sft": (

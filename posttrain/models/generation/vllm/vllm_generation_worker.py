@@ -24,6 +24,8 @@ from posttrain.config import GenerationWorkerConfig
 from posttrain.errors import EngineStartError, StaleWeightsError
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.models.generation.vllm.engine_memory import check_fits, free_memory, kv_cache_bytes, kv_cache_shape
+from posttrain.models.precision import use_tf32_for_fp32
+from posttrain.models.weight_transfer import CudaIpcWeights, gpu_uuid, materialize
 
 
 def first_line(exc: BaseException) -> str:
@@ -88,8 +90,10 @@ class VllmGenerationWorkerImpl:
         except (OSError, ValueError) as exc:
             raise EngineStartError(f"vLLM engine for '{self.model_path}' did not start: {first_line(exc)}") from None
         device = self.cfg.device
+        use_tf32_for_fp32(device, self.cfg.dtype == "float32" and self.cfg.tf32)  # as the policy worker does
         max_model_len = self.cfg.max_model_len or int(hf_config.max_position_embeddings)
-        kv_bytes = kv_cache_bytes(kv_cache_shape(hf_config), self.cfg.max_num_seqs, max_model_len)
+        dtype_bytes = 2 if self.cfg.dtype == "bfloat16" else 4
+        kv_bytes = kv_cache_bytes(kv_cache_shape(hf_config, dtype_bytes), self.cfg.max_num_seqs, max_model_len)
         free, total = free_memory(device)
         utilization = check_fits(kv_bytes, free, total, "host RAM" if device == "cpu" else "GPU memory")
         if device != "cpu":  # on a GPU the fraction also covers weights and activations: all that is free
@@ -97,7 +101,7 @@ class VllmGenerationWorkerImpl:
         self.eos_id = hf_config.eos_token_id
         try:
             self.llm = LLM(
-                model=self.model_path, dtype="float32", seed=self.cfg.seed,
+                model=self.model_path, dtype=self.cfg.dtype, seed=self.cfg.seed,
                 max_model_len=max_model_len, max_num_seqs=self.cfg.max_num_seqs,
                 kv_cache_memory_bytes=kv_bytes, gpu_memory_utilization=utilization,
                 # Logprobs after temperature (and top-k/top-p), the distribution tokens are
@@ -209,8 +213,13 @@ class VllmGenerationWorkerImpl:
             scores.append(row)
         return scores
 
-    def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        """Load the policy's weights in place (HF names) and label the engine with ``version``.
+    def gpu_uuid(self) -> str | None:
+        """This engine's GPU (None on a CPU): the driver refits over CUDA IPC when it is the policy's."""
+        return gpu_uuid()
+
+    def update_weights(self, weights: dict[str, torch.Tensor] | CudaIpcWeights, version: int) -> None:
+        """Load the policy's weights in place (HF names; a state dict or CUDA IPC handles of
+        the policy's GPU tensors) and label the engine with ``version``.
 
         A name the engine does not know raises inside vLLM; a name that is missing leaves
         that tensor as it was (vLLM only logs it): the weight-sync probe catches that.
@@ -220,7 +229,9 @@ class VllmGenerationWorkerImpl:
                 blocks); the engine keeps its old label.
         """
         with self._awake():
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+            tensors = materialize(weights)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors.items())})
+            del tensors
             # Prefix-cached KV blocks were computed with the old weights: a prompt sharing a
             # cached prefix would attend to stale keys and values, with no error anywhere.
             cleared = self.llm.reset_prefix_cache()

@@ -18,7 +18,7 @@ def train_step(rt: Any, answer: str = "77") -> dict[str, float]:
 
 
 class DropOneTensor:
-    """A policy whose ``get_weights`` loses tensor ``name`` on the way: a partial refit."""
+    """A policy whose refit weights lose tensor ``name`` on the way: a partial refit."""
 
     def __init__(self, policy: Any, name: str):
         self.policy, self.name = policy, name
@@ -26,10 +26,13 @@ class DropOneTensor:
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.policy, attr)
 
-    def get_weights(self) -> dict[str, Any]:
-        weights = self.policy.get_weights()
+    def put_weights(self, probe: Any = None, cuda_ipc: bool = False) -> tuple[Any, Any]:
+        import ray
+
+        ref, probe_logprobs = self.policy.put_weights(probe)  # through the object store, to edit it
+        weights = dict(ray.get(ref))
         del weights[self.name]
-        return weights
+        return ray.put(weights), probe_logprobs
 
 
 def shared_prefix_prompts(rt: Any, min_prefix_tokens: int) -> tuple[list[list[int]], list[list[int]]]:

@@ -187,7 +187,7 @@ def test_refit_into_the_hf_engine_makes_it_score_like_the_trainer(noisy_tiny) ->
     worker = make_worker("megatron", noisy_tiny, lr=1e-2)
     batch = random_batch(hf_model(noisy_tiny).config.vocab_size)
     worker.train(batch, grpo_extra(worker, batch), ClippedPGLoss())
-    engine = HfGenerationWorkerImpl(noisy_tiny, GenerationWorkerConfig(device="cuda"))
+    engine = HfGenerationWorkerImpl(noisy_tiny, GenerationWorkerConfig(device="cuda", tf32=False))  # as the trainer
     prompts = [row[:p].tolist() for row, p in zip(batch.input_ids, batch.prompt_lens, strict=True)]
     comps = [row[p:p + n].tolist() for row, p, n in zip(batch.input_ids, batch.prompt_lens, batch.completion_lens,
                                                          strict=True)]
