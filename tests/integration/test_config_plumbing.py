@@ -201,6 +201,32 @@ def num_workers(runner: Runner, _) -> None:
     assert [c.rank for c in first_step] == [0, 1] and [len(c.args[0]) for c in first_step] == [8, 8]
 
 
+def precision(runner: Runner, _) -> None:
+    """policy.precision sets the dtype the policy holds and computes in, and the engine's; on a
+    CPU ``auto`` is fp32 (bf16-mixed on CUDA: tests/unit/models/policy/test_precision.py)."""
+    run = runner.grpo("policy.precision=bf16")
+    dtypes = {role: {p.dtype for w in run.workers(role) for p in w.impl.model.parameters()}
+              for role in ("policy", "generation")}
+    assert dtypes == {"policy": {torch.bfloat16}, "generation": {torch.bfloat16}}
+    run = runner.grpo("policy.precision=auto")
+    assert {p.dtype for w in run.workers("generation") for p in w.impl.model.parameters()} == {torch.float32}
+
+
+def tf32(runner: Runner, _) -> None:
+    """policy.tf32 reaches the TF32 switch of the policy worker and of the engine alike (on a CPU
+    the switch changes nothing: CUDA only; what it asks for is recorded here)."""
+    from posttrain.models.generation import hf_generation_worker
+    from posttrain.models.policy import hf_policy_worker
+
+    for value in (True, False):
+        asked: list[bool] = []
+        with pytest.MonkeyPatch.context() as mp:
+            for module in (hf_policy_worker, hf_generation_worker):
+                mp.setattr(module, "use_tf32_for_fp32", lambda device, enabled: asked.append(enabled))
+            runner.grpo(f"policy.tf32={str(value).lower()}", "policy.precision=fp32")
+        assert asked == [value, value], (value, asked)
+
+
 def generation_threads(runner: Runner, _) -> None:
     run = runner.grpo("generation.num_threads=2")
     assert [w.num_threads for w in run.workers("generation")] == [2]
@@ -597,7 +623,8 @@ PROOFS: dict[str, Callable] = {
     "data.gsm8k_train_path": gsm8k_paths, "data.gsm8k_val_path": gsm8k_paths,
     "model.path": model_path, **{key: tiny_model for key in TINY},
     "policy.train_micro_batch_size": micro_batch, "policy.logprob_batch_size": logprob_batch,
-    "policy.num_threads": policy_threads, "policy.backend": policy_backend,
+    "policy.num_threads": policy_threads, "policy.backend": policy_backend, "policy.precision": precision,
+    "policy.tf32": tf32,
     **{f"policy.lora.{key}": lora for key in ("rank", "alpha", "dropout", "target_modules")},
     "cluster.address": ray_start, "cluster.num_cpus": ray_start, "cluster.num_gpus": ray_start,
     "cluster.cpus_per_worker": cpus_per_worker, "cluster.gpus_per_worker": gpus_per_worker,
@@ -615,7 +642,6 @@ PROVEN_ELSEWHERE: dict[str, str] = {
     "checkpoint.resume": RESUME + "test_resume_auto_takes_the_newest_complete_checkpoint_and_never_starts_over",
     # the Megatron keys act on a GPU (the mcore tier); on CPU the run stops at the backend check
     "policy.megatron.tensor_model_parallel_size": MCORE + "test_tensor_parallel_2_matches_the_hf_worker",
-    "policy.precision": MCORE + "test_bf16_mixed_keeps_fp32_master_weights_and_learns",
     "policy.megatron.pipeline_model_parallel_size": "tests/unit/models/megatron/test_backend_checks.py::"
                                                     "test_megatron_pipeline_parallelism_is_refused",
     "data.dataset": "tests/integration/test_loop_data.py::test_grpo_on_gsm8k_trains_on_the_train_file_and_validates_"

@@ -28,9 +28,14 @@ class RecordingPolicy:
 
     def __init__(self) -> None:
         self.extra: dict[str, torch.Tensor] = {}
+        self.asked_reference: list[bool] = []
 
     def get_logprobs(self, batch, reference: bool = False) -> torch.Tensor:
         return torch.full(batch.completion_mask.shape, -0.7 if reference else TRAINER_LOGPROB)
+
+    def get_old_and_reference_logprobs(self, batch, with_reference: bool):
+        self.asked_reference.append(with_reference)
+        return self.get_logprobs(batch), self.get_logprobs(batch, reference=True) if with_reference else None
 
     def train(self, batch, extra, loss_fn):
         self.extra = extra
@@ -46,8 +51,9 @@ def rollouts(version: int) -> grpo.Rollouts:
                          torch.tensor([1.0, 0.0, 0.0, 1.0]), version)
 
 
-def learn(loss_fn: ClippedPGLoss, off_policy: bool, version: int = 3, trainer_version: int = 4):
-    policy = RecordingPolicy()
+def learn(loss_fn: ClippedPGLoss, off_policy: bool, version: int = 3, trainer_version: int = 4,
+          policy: RecordingPolicy | None = None):
+    policy = policy or RecordingPolicy()
     rt = SimpleNamespace(policy=policy, tokenizer=SimpleNamespace(pad_token_id=0))
     cfg = grpo.GRPOMasterConfig.model_validate({"grpo": {"num_prompts_per_step": 2, "completions_per_prompt": 2}})
     metrics = grpo.learn(rt, rollouts(version), cfg, loss_fn, Timer(), trainer_version, off_policy=off_policy)
@@ -82,3 +88,15 @@ def test_on_policy_keeps_the_trainer_logprobs() -> None:
 def test_engine_trainer_agreement_is_reported_only_for_current_weights(version: int, reported: bool) -> None:
     _, metrics = learn(ClippedPGLoss(), off_policy=True, version=version)
     assert ("train/token_mult_prob_error" in metrics) is reported
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_the_reference_is_scored_only_when_the_kl_term_needs_it(kl_coef: float) -> None:
+    """kl_coef 0: the reference policy is never asked for (one call fewer, no KL metric);
+    kl_coef > 0: its logprobs reach the loss."""
+    policy = RecordingPolicy()
+    extra, _ = learn(ClippedPGLoss(kl_coef=kl_coef), off_policy=False, version=4, policy=policy)
+    assert policy.asked_reference == [kl_coef > 0]
+    assert ("ref_logprobs" in extra) is (kl_coef > 0)
+    if kl_coef > 0:
+        assert torch.equal(extra["ref_logprobs"], torch.full_like(extra["old_logprobs"], -0.7))
