@@ -222,7 +222,7 @@ def tf32(runner: Runner, _) -> None:
         asked: list[bool] = []
         with pytest.MonkeyPatch.context() as mp:
             for module in (hf_policy_worker, hf_generation_worker):
-                mp.setattr(module, "use_tf32_for_fp32", lambda device, enabled: asked.append(enabled))
+                mp.setattr(module, "use_tf32_for_fp32", lambda device, enabled, asked=asked: asked.append(enabled))
             runner.grpo(f"policy.tf32={str(value).lower()}", "policy.precision=fp32")
         assert asked == [value, value], (value, asked)
 
