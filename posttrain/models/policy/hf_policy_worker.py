@@ -24,11 +24,6 @@ from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 from posttrain.models.precision import use_tf32_for_fp32
 from posttrain.utils.checkpoint import atomic_dir
 
-# The output embedding of a Hugging Face causal LM; with ``tie_word_embeddings`` it is the
-# input embedding's tensor, so a refit sends it once (under the input embedding's name).
-TIED_OUTPUT = "lm_head.weight"
-
-
 class HfPolicyWorkerImpl(PolicyWorkerBase):
     """Holds the trained model, a frozen reference copy, and AdamW.
 
@@ -124,18 +119,25 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         return self._weights_in_engine_dtype(torch.device("cpu"))
 
     def _weights_in_engine_dtype(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The state dict copied to ``device`` in the engine's dtype. Names that share one
+        tensor (a tied output embedding) share one copy: pickled once into the object store,
+        one IPC handle's memory, and still tied when the engine receives them."""
         dtype = torch.float32 if self.precision == "fp32" else torch.bfloat16
         state = lora.merged_state_dict(self.model) if self.use_lora else self.model.state_dict()
-        return {k: v.detach().to(device, dtype, copy=True) for k, v in state.items()}
+        copies: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
+        out = {}
+        for name, tensor in state.items():
+            key = (tensor.data_ptr(), tuple(tensor.shape))
+            if key not in copies:
+                copies[key] = tensor.detach().to(device, dtype, copy=True)
+            out[name] = copies[key]
+        return out
 
     def _refit_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
-        """:meth:`get_weights` (on this worker's device with ``on_device``) without a tied
-        output embedding: with ``tie_word_embeddings`` it is the input embedding's tensor,
-        sent once; the engines re-tie it."""
-        weights = self._weights_in_engine_dtype(self.device if on_device else torch.device("cpu"))
-        if getattr(self.model.config, "tie_word_embeddings", False):
-            weights.pop(TIED_OUTPUT, None)
-        return weights
+        """:meth:`get_weights`, on this worker's device with ``on_device``. Every name is sent
+        (vLLM's CPU build keeps its own copy of a tied output embedding and must be given it),
+        a tied one as the same tensor, so its bytes travel once."""
+        return self._weights_in_engine_dtype(self.device if on_device else torch.device("cpu"))
 
     def save_checkpoint(self, path: str, tokenizer_path: str | None = None) -> None:
         """Atomically write the model (Hugging Face format, loadable as a new ``model.path``;

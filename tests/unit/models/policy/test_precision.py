@@ -29,7 +29,6 @@ from posttrain.data.batch import make_batch
 from posttrain.errors import ConfigError
 from posttrain.models.generation.hf_generation_worker import HfGenerationWorkerImpl
 from posttrain.models.policy import base_policy_worker
-from posttrain.models.policy.hf_policy_worker import TIED_OUTPUT
 
 
 def batch(seed: int = 0, rows: int = 4):
@@ -113,8 +112,9 @@ def test_bf16_mixed_computes_in_bf16_over_fp32_master_weights(tiny_model_path) -
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16-mixed"])
 def test_a_refit_sends_the_engine_dtype_and_a_tied_embedding_once(tiny_model_path, precision, monkeypatch) -> None:
     """What ``put_weights`` hands the object store is what the engine loads: its dtype, the
-    tied output embedding left out (the engine re-ties it), and after loading the engine
-    scores the probe within the precision's bound while a stale engine does not."""
+    tied output embedding as the very tensor of the input embedding (pickled once), and after
+    loading the engine scores the probe within the precision's bound while a stale engine
+    does not."""
     monkeypatch.setattr(base_policy_worker, "object_store_put", lambda value: value)
     w = worker(tiny_model_path, precision)
     engine = HfGenerationWorkerImpl(tiny_model_path, GenerationWorkerConfig(dtype=engine_dtype(precision)))
@@ -123,7 +123,7 @@ def test_a_refit_sends_the_engine_dtype_and_a_tied_embedding_once(tiny_model_pat
     probe = RefitProbe(RefitProbeConfig(), _Tokenizer(), 1.0, precision)
     stale = probe.measure(w, engine)["train/refit_logprob_error"]
     [weights], trainer_probe = w.put_weights(probe.batch)
-    assert TIED_OUTPUT not in weights and "model.embed_tokens.weight" in weights
+    assert weights["lm_head.weight"] is weights["model.embed_tokens.weight"]  # one storage: pickled once
     assert {v.dtype for v in weights.values()} == {getattr(torch, engine_dtype(precision))}
     engine.update_weights(weights, 1)
     assert engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
