@@ -24,6 +24,7 @@ from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 from posttrain.models.precision import use_tf32_for_fp32
 from posttrain.utils.checkpoint import atomic_dir
 
+
 class HfPolicyWorkerImpl(PolicyWorkerBase):
     """Holds the trained model, a frozen reference copy, and AdamW.
 
