@@ -38,10 +38,6 @@ class HfGenerationWorkerImpl:
         # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, cfg.dtype))
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]
-        # With tied embeddings the output embedding is the input embedding's tensor: a refit
-        # may leave it out (the policy sends it once) and loading the input embedding sets both.
-        tied = getattr(self.model.config, "tie_word_embeddings", False)
-        self.optional_weights = {"lm_head.weight"} if tied else set()
         self.pad_id = self.model.config.pad_token_id
         self.eos_id = self.model.config.eos_token_id
         self.version = 0
@@ -114,16 +110,14 @@ class HfGenerationWorkerImpl:
                 naming the first few); the worker keeps its old weights' version.
         """
         weights = materialize(weights)
-        missing = sorted(set(self.model.state_dict()) - set(weights) - self.optional_weights)
+        missing = sorted(set(self.model.state_dict()) - set(weights))
         unknown = sorted(set(weights) - set(self.model.state_dict()))
         if missing or unknown:
             raise StaleWeightsError(f"generation worker {self.rank} cannot load weight version {version}: "
                                     f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
                                     f"unknown {unknown[:3]}{'...' if len(unknown) > 3 else ''}")
         try:
-            result = self.model.load_state_dict(weights, strict=False)
-            if result.unexpected_keys or set(result.missing_keys) - self.optional_weights:  # checked above
-                raise RuntimeError(f"unexpected {result.unexpected_keys}, missing {result.missing_keys}")
+            self.model.load_state_dict(weights, strict=True)
         except RuntimeError as exc:  # a shape mismatch: torch's message spans many lines
             raise StaleWeightsError(f"generation worker {self.rank} cannot load weight version {version}: "
                                     f"{str(exc).strip().splitlines()[-1].strip()}") from None
