@@ -82,9 +82,7 @@ def resolve_precision(precision: str, device: str) -> Precision:
     compare logprobs exactly); the others as given."""
     if precision == "auto":
         return "bf16-mixed" if device == "cuda" else "fp32"
-    if precision not in ("fp32", "bf16", "bf16-mixed"):
-        raise ConfigError(f"unknown policy.precision '{precision}': expected auto, fp32, bf16 or bf16-mixed")
-    return precision  # type: ignore[return-value]
+    return precision  # type: ignore[return-value]  # the schema's Literal admits nothing else
 
 
 def engine_dtype(precision: Precision) -> Literal["float32", "bfloat16"]:
@@ -169,11 +167,9 @@ class PolicyWorkerConfig(PolicyConfig):
 
     @classmethod
     def of(cls, policy: PolicyConfig, temperature: float, device: str) -> PolicyWorkerConfig:
-        """``policy`` with the run's ``temperature`` and ``device``, its precision resolved
-        (never ``auto``: see :func:`resolve_precision`)."""
-        precision = resolve_precision(policy.precision, device)
-        return cls.model_validate({**policy.model_dump(), "precision": precision, "temperature": temperature,
-                                   "device": device})
+        """``policy`` with the run's ``temperature`` and ``device`` (workers read the precision
+        as :attr:`resolved_precision`)."""
+        return cls.model_validate({**policy.model_dump(), "temperature": temperature, "device": device})
 
     @property
     def resolved_precision(self) -> Precision:

@@ -17,7 +17,7 @@ from typing import Any
 import ray
 import torch
 
-from posttrain.config import PolicyWorkerConfig
+from posttrain.config import PolicyWorkerConfig, engine_dtype
 from posttrain.data.batch import TokenBatch
 from posttrain.models.policy import lora
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
@@ -123,7 +123,7 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         """The state dict copied to ``device`` in the engine's dtype. Names that share one
         tensor (a tied output embedding) share one copy: pickled once into the object store,
         one IPC handle's memory, and still tied when the engine receives them."""
-        dtype = torch.float32 if self.precision == "fp32" else torch.bfloat16
+        dtype = getattr(torch, engine_dtype(self.precision))
         state = lora.merged_state_dict(self.model) if self.use_lora else self.model.state_dict()
         copies: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
         out = {}
