@@ -40,7 +40,10 @@ def spin() -> None:
 
 
 def run_starts(code: str, starts: int) -> tuple[int, int, list[float]]:
-    """``starts`` fresh processes running ``code``: (failures, retry lines, seconds of each)."""
+    """``starts`` fresh processes running ``code``: (failures, retry lines, seconds of each).
+
+    A failed start prints its last stderr line, so a failure other than the start-up timeout
+    shows for what it is."""
     env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     env.pop("RAY_ADDRESS", None)
     failures, retries, seconds = 0, 0, []
@@ -49,6 +52,9 @@ def run_starts(code: str, starts: int) -> tuple[int, int, list[float]]:
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
         seconds.append(time.perf_counter() - t)
         failures += out.returncode != 0
+        if out.returncode != 0:
+            last = (out.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+            print(f"start {len(seconds)} failed (exit {out.returncode}): {last}", flush=True)
         retries += out.stdout.count("starting it again")
     return failures, retries, seconds
 

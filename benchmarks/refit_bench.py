@@ -1,24 +1,27 @@
 """Refit seconds and GB/s against model size, through the real Ray path, old and new side by side.
 
-    python benchmarks/refit_bench.py [--sizes 25m 0.4b 1.5b] [--placement colocated separate]
+    python benchmarks/refit_bench.py [--sizes 25m 0.4b 1.5b] [--placement colocated separate cpu]
         [--precision bf16-mixed] [--refits 5]
 
 For each model size and placement, a policy worker and one Hugging Face engine start on a
-local Ray cluster; then refits alternate between two paths:
+local Ray cluster; then refits alternate between three paths:
 
 - ``driver``: the weights come back to the driver (``Policy.get_weights``) and go out to
   the engine again (``update_weights(dict)``): what posttrain did before the weights were
   handed over by reference;
-- ``direct``: ``runtime.refit`` - the policy worker puts the weights into the object store
-  and the driver passes only the reference on (``Policy.put_weights``), the weight version
-  is checked, and the weight-sync probe runs (it must pass: its error is printed).
+- ``store``: ``runtime.refit`` with ``generation.refit_transport=object_store`` - the policy
+  worker puts the weights into the object store and the driver passes only the reference on;
+- ``direct``: ``runtime.refit`` as a run does it (``auto``): CUDA IPC when colocated, else a
+  broadcast from the policy worker (NCCL between GPUs, gloo on CPUs).
 
-``colocated``: policy and engine share one GPU (``cluster.num_gpus=1``, half a GPU each);
-``separate``: one GPU each (needs 2). Prints the median seconds per refit of each path and
-the direct path's GB/s (bytes of the weights in the engine's dtype, a tied embedding once),
-and as the last line the direct/driver ratio of the largest size. The models are Qwen2 of
-the stated shapes with random weights (25M: hidden 512, 4 layers; 0.4B: the shape of
-benchmarks/train_step_bench.py; 1.5B: hidden 1536, 28 layers, vocabulary 151,936).
+Both refit paths check the weight version and run the weight-sync probe (it must pass; the
+direct path's error is printed). ``colocated``: policy and engine share one GPU (half a GPU
+each); ``separate``: one GPU each (needs 2); ``cpu``: both on CPUs. Prints the median seconds
+per refit of each path and the direct path's GB/s (bytes of the weights in the engine's
+dtype, a tied embedding once), and as the last line the direct/driver ratio of the last row.
+The models are Qwen2 of the stated shapes with random weights (25M: hidden 512, 4 layers;
+0.4B: the shape of benchmarks/train_step_bench.py; 1.5B: hidden 1536, 28 layers, vocabulary
+151,936).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Literal
 
 import ray
 import torch
@@ -77,30 +81,38 @@ def build_model(shape: str, directory: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def bench(path: Path, shape: str, placement: str, precision: str, refits: int) -> dict[str, float]:
+def bench(path: Path, shape: str, placement: str, precision: str, refits: int) -> dict[str, Any]:
     """Median seconds of each path over ``refits`` alternating refits, and the probe error."""
-    gpus = 1 if placement == "colocated" else 2
+    gpus = {"colocated": 1, "separate": 2, "cpu": 0}[placement]
+    device: Literal["cpu", "cuda"] = "cpu" if placement == "cpu" else "cuda"
     init_ray(num_gpus=gpus)
     try:
-        cluster = RayVirtualCluster(2, num_cpus=1, num_gpus=0.5 if placement == "colocated" else 1.0)
-        pcfg = PolicyWorkerConfig.of(PolicyConfig.model_validate({"precision": precision}), 1.0, "cuda")
+        cluster = RayVirtualCluster(2, num_cpus=1, num_gpus={"colocated": 0.5, "separate": 1.0, "cpu": 0.0}[placement])
+        pcfg = PolicyWorkerConfig.of(PolicyConfig.model_validate({"precision": precision}), 1.0, device)
         policy = Policy(cluster, str(path), pcfg, seed=0, bundle_indices=[0])
-        gcfg = GenerationWorkerConfig(device="cuda", dtype=engine_dtype(pcfg.resolved_precision))
+        gcfg = GenerationWorkerConfig(device=device, dtype=engine_dtype(pcfg.resolved_precision))
         engine = EngineGroup(cluster, HfGenerationWorker, str(path), gcfg, [1])
         policy.wait_ready()
         engine.wait_ready()
         probe = RefitProbe(RefitProbeConfig(), _Vocab(SHAPES[shape]["vocab_size"]), 1.0, pcfg.resolved_precision)
-        seconds: dict[str, list[float]] = {"driver": [], "direct": []}
+        store_cfg = gcfg.model_copy(update={"refit_transport": "object_store"})
+        seconds: dict[str, list[float]] = {"driver": [], "store": [], "direct": []}
         error = 0.0
-        for _ in range(refits + 1):  # the first round warms both paths up
+        for _ in range(refits + 1):  # the first round warms the paths up
             start = time.perf_counter()
             engine.update_weights(policy.get_weights(), policy.weight_version)
             seconds["driver"].append(time.perf_counter() - start)
+            engine.group_cfg = store_cfg
+            start = time.perf_counter()
+            refit(policy, engine, probe)
+            seconds["store"].append(time.perf_counter() - start)
+            engine.group_cfg = gcfg
             start = time.perf_counter()
             error = refit(policy, engine, probe)["train/refit_logprob_error"]
             seconds["direct"].append(time.perf_counter() - start)
-        out = {name: statistics.median(s[1:]) for name, s in seconds.items()}
+        out: dict[str, Any] = {name: statistics.median(s[1:]) for name, s in seconds.items()}
         out["probe_error"], out["probe_bound"] = error, probe.bound or 0.0
+        out["transport"] = policy.refit_transport(engine)
         engine.shutdown()
         policy.shutdown()
         cluster.shutdown()
@@ -113,13 +125,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["25m", "0.4b", "1.5b"], choices=sorted(SHAPES))
     parser.add_argument("--placement", nargs="+", default=["colocated", "separate"],
-                        choices=["colocated", "separate"])
+                        choices=["colocated", "separate", "cpu"])
     parser.add_argument("--precision", default="bf16-mixed", choices=["fp32", "bf16", "bf16-mixed"])
     parser.add_argument("--refits", type=int, default=5)
     args = parser.parse_args()
     bytes_per = 4 if args.precision == "fp32" else 2
     print(f"refit of a Qwen2 policy into one HF engine, {args.precision} ({bytes_per} bytes per weight sent)")
-    print(f"{'size':<6} {'placement':<10} {'driver s':>9} {'direct s':>9} {'direct GB/s':>12} {'probe error':>12}")
+    print(f"{'size':<6} {'placement':<10} {'direct via':<10} {'driver s':>9} {'store s':>8} {'direct s':>9} "
+          f"{'direct GB/s':>12} {'probe error':>12}")
     ratio = 0.0
     for size in args.sizes:
         with tempfile.TemporaryDirectory() as tmp:
@@ -127,8 +140,8 @@ def main() -> None:
             for placement in args.placement:
                 r = bench(Path(tmp), size, placement, args.precision, args.refits)
                 gbs = params * bytes_per / r["direct"] / 1e9
-                print(f"{size:<6} {placement:<10} {r['driver']:>9.3f} {r['direct']:>9.3f} {gbs:>12.2f} "
-                      f"{r['probe_error']:>12.2e}", flush=True)
+                print(f"{size:<6} {placement:<10} {r['transport']:<10} {r['driver']:>9.3f} {r['store']:>8.3f} "
+                      f"{r['direct']:>9.3f} {gbs:>12.2f} {r['probe_error']:>12.2e}", flush=True)
                 ratio = r["direct"] / r["driver"]
     print(f"direct/driver refit seconds ratio (last row): {ratio:.2f}")
 

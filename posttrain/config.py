@@ -74,6 +74,7 @@ class MegatronConfig(Section):
 
 
 Precision = Literal["fp32", "bf16", "bf16-mixed"]
+RefitTransport = Literal["auto", "object_store"]
 
 
 def resolve_precision(precision: str, device: str) -> Precision:
@@ -209,6 +210,12 @@ class GenerationConfig(Section):
     num_threads: int = Field(1, ge=1, description="torch CPU threads of an hf worker")
     max_model_len: int | None = Field(None, ge=2, description="vLLM: prompt + completion tokens; null: the model's")
     max_num_seqs: int = Field(256, ge=1, description="vLLM: sequences in flight per engine (sizes the KV cache)")
+    refit_transport: RefitTransport = Field(
+        "auto", description="how a refit moves the weights. auto: CUDA IPC when every engine holds the policy's GPU, "
+        "else a broadcast from the policy worker (NCCL between GPUs, gloo between CPUs); object_store: through "
+        "Ray's object store (slower; for workers that cannot open connections to each other)"
+    )
+    refit_bucket_mb: int = Field(512, ge=1, description="a broadcast refit sends the weights in buckets of this size")
     refit_probe: RefitProbeConfig = RefitProbeConfig()
 
 
@@ -259,6 +266,8 @@ class GenerationWorkerConfig(Section):
     sleep_when_idle: bool = Field(False, description="vLLM on a GPU, colocated: free the memory between calls")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="the engine's weights and compute")
     tf32: bool = Field(True, description="float32 on CUDA: TF32 matmuls (policy.tf32, as the trainer)")
+    refit_transport: RefitTransport = Field("auto", description="generation.refit_transport (read by the driver)")
+    refit_bucket_mb: int = Field(512, ge=1, description="generation.refit_bucket_mb (read by the driver)")
 
     @classmethod
     def of(cls, generation: GenerationConfig, cluster: ClusterConfig, seed: int,
@@ -270,6 +279,7 @@ class GenerationWorkerConfig(Section):
                    tf32=tf32,
                    max_model_len=generation.max_model_len,
                    max_num_seqs=generation.max_num_seqs,
+                   refit_transport=generation.refit_transport, refit_bucket_mb=generation.refit_bucket_mb,
                    sleep_when_idle=generation.colocated and cluster.device != "cpu")
 
 

@@ -204,10 +204,12 @@ def refit(policy: PolicyInterface, generation: Generation, probe: RefitProbe | N
     """Copy the policy's weights into the generation engine, check the versions agree, and
     (with a ``probe``) check that the engine now scores like the trainer.
 
-    The weights go from the policy worker into Ray's object store and from there to the
-    engines: the driver only passes the reference (``Policy.put_weights``), and the trainer
-    scores the probe in that same call. When every engine holds the policy's GPU, only CUDA
-    IPC handles travel and the engines copy the weights device to device.
+    The weights never pass through the driver (``Policy.refit_transport`` picks the way):
+    when every engine holds the policy's GPU, only CUDA IPC handles travel and the engines
+    copy device to device; otherwise the policy worker broadcasts them to the engines (NCCL
+    between GPUs, gloo between CPUs; ``Policy.broadcast_weights``), or, where neither can
+    be used, puts them into Ray's object store and the driver passes the reference on
+    (``Policy.put_weights``). The trainer scores the probe in the same call as it sends.
 
     Returns:
         The probe's ``train/refit_logprob_error`` and ``train/refit_token_mult_prob_error``
@@ -219,10 +221,14 @@ def refit(policy: PolicyInterface, generation: Generation, probe: RefitProbe | N
         RefitProbeError: the probe error is over its bound (stale, partial or misnamed weights).
     """
     version = policy.weight_version
-    cuda_ipc = policy.shares_gpu_with(generation)
-    weights, trainer_probe = policy.put_weights(probe.batch if probe is not None else None, cuda_ipc=cuda_ipc)
-    generation.update_weights(weights, version)
-    del weights  # the engines hold their copies: the object store may free it
+    transport = policy.refit_transport(generation)
+    probe_batch = probe.batch if probe is not None else None
+    if transport == "broadcast":
+        trainer_probe = policy.broadcast_weights(generation, version, probe_batch)
+    else:
+        weights, trainer_probe = policy.put_weights(probe_batch, cuda_ipc=transport == "cuda_ipc")
+        generation.update_weights(weights, version)
+        del weights  # the engines hold their copies: the object store may free it
     engine_version = generation.weight_version()
     if engine_version != version:
         raise StaleWeightsError(f"refit failed: generation engine at weight version {engine_version}, "

@@ -36,14 +36,14 @@ def verbose() -> bool:
 
 # Ray gives a starting node a fixed 30 s to register (not configurable); on a busy machine
 # its processes can miss that, and a second start (imports now in the page cache) usually
-# makes it. How many starts to try: $POSTTRAIN_RAY_START_ATTEMPTS (default 3).
+# makes it. How many starts to try: $POSTTRAIN_RAY_START_ATTEMPTS (default 5).
 START_ATTEMPTS_ENV = "POSTTRAIN_RAY_START_ATTEMPTS"
-DEFAULT_START_ATTEMPTS = 3
+DEFAULT_START_ATTEMPTS = 5
 STARTUP_TIMEOUT = "timed out during startup"
 
 
 def start_attempts() -> int:
-    """``$POSTTRAIN_RAY_START_ATTEMPTS`` (default 3).
+    """``$POSTTRAIN_RAY_START_ATTEMPTS`` (default 5).
 
     Raises:
         ConfigError: it is not a positive integer.

@@ -52,9 +52,17 @@ def materialize(weights: dict[str, torch.Tensor] | CudaIpcWeights) -> dict[str, 
     return weights.open() if isinstance(weights, CudaIpcWeights) else weights
 
 
-def gpu_uuid() -> str | None:
-    """The UUID of this process's CUDA device 0 (a Ray actor's GPU), None without CUDA: two
-    actors with the same UUID share one physical GPU."""
-    if not torch.cuda.is_available():
+def node_ip() -> str:
+    """This process's node address in the Ray cluster (127.0.0.1 outside Ray)."""
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+
+
+def gpu_uuid(device: str | torch.device) -> str | None:
+    """The UUID of the GPU a worker's model is on (this process's CUDA device 0: a Ray actor's
+    GPU), None when ``device`` is the CPU (a CPU worker on a GPU machine sees the GPU too, but
+    its tensors are not there): two workers with the same UUID share one physical GPU."""
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
         return None
     return str(torch.cuda.get_device_properties(0).uuid)

@@ -11,7 +11,7 @@ Why: a short run takes about a second instead of ~12 s of actor start-up, so a t
 the loop many times, once per config value it varies, and read what the loop actually fed
 its workers (prompts, sampling parameters, training batches, the loss object) next to the
 weights each step started from. What Ray itself adds (serialization of real actors,
-placement, refit through the object store) is tested with real Ray elsewhere
+placement, refit through the object store or a broadcast) is tested with real Ray elsewhere
 (``tests/unit/algorithms``, ``tests/integration/test_grpo_loop_refit.py``).
 
     def test_x(in_process):                      # fixture in tests/integration/conftest.py
@@ -239,10 +239,13 @@ class InProcess:
             transforms: dict[tuple[str, str], Callable[[Call, Any], Any]] | None = None) -> Run:
         """``algorithm.train`` (``grpo`` or ``sft``) on ``config`` with ``overrides``, recorded.
 
-        ``generation.backend=hf`` is added first (a later override cannot change it to vLLM).
+        ``generation.backend=hf`` is added first (a later override cannot change it to vLLM),
+        and ``generation.refit_transport=object_store``: a broadcast needs its sender and
+        receivers to run at once, and here the workers' calls run one after the other.
         """
         schema = algorithm.GRPOMasterConfig if hasattr(algorithm, "GRPOMasterConfig") else algorithm.SFTMasterConfig
-        cfg = load_config(config, ["generation.backend=hf", *overrides], schema)
+        cfg = load_config(config, ["generation.backend=hf", "generation.refit_transport=object_store", *overrides],
+                          schema)
         for log in (self.recorder.calls, self.recorder.workers, self.recorder.ray_init, self.recorder.clusters):
             log.clear()
         self.recorder.transforms = dict(transforms or {})

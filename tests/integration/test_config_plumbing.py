@@ -635,6 +635,7 @@ PROOFS: dict[str, Callable] = {
 MCORE = "tests/unit/models/megatron/test_megatron_policy.py::"
 RESUME = "tests/integration/test_checkpoint_resume.py::"
 ASYNC = "tests/integration/test_async_grpo.py::"
+BROADCAST = "tests/unit/models/generation/test_refit_broadcast.py::"
 PROVEN_ELSEWHERE: dict[str, str] = {
     "checkpoint.dir": RESUME + "test_a_resumed_run_logs_what_the_uninterrupted_run_logged",
     "checkpoint.save_period": RESUME + "test_resume_auto_takes_the_newest_complete_checkpoint_and_never_starts_over",
@@ -652,6 +653,10 @@ PROVEN_ELSEWHERE: dict[str, str] = {
     "grpo.async.buffer_size": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
     "grpo.async.importance_weight_cap": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
     "grpo.async.claim_timeout_s": ASYNC + "test_a_claim_timeout_is_one_line_naming_the_key",
+    # the broadcast needs its members to run at once: real Ray (in-process runs use object_store)
+    "generation.refit_transport": BROADCAST + "test_refit_transport_object_store_sends_no_broadcast",
+    "generation.refit_bucket_mb": BROADCAST + "test_a_cpu_refit_is_a_broadcast_in_buckets_and_every_engine_serves_"
+                                              "the_new_weights",
 }
 
 # Keys that change nothing a run can observe in this tier, and why. Keep this list short.

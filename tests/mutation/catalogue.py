@@ -126,7 +126,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # beyond the list
     Mutant("engine_ignores_weights", "the generation engine takes the new weight version but keeps its old weights",
            "posttrain/models/generation/hf_generation_worker.py",
-           (("self.model.load_state_dict(weights, strict=True)", "pass"),),
+           (("            state[name].copy_(tensor)", "            pass"),),
            ("tests/unit/algorithms/test_runtime_refit.py",)),
     Mutant("logits_not_shifted", "completion token j is scored by the logits at its own position, not the one before",
            "posttrain/ops.py",
@@ -265,7 +265,7 @@ MUTANTS: tuple[Mutant, ...] = (
            klass="stale-engine"),
     Mutant("prefix_cache_not_reset", "a refit loads the weights but keeps the KV blocks cached with the old ones",
            VLLM_WORKER,
-           (("            cleared = self.llm.reset_prefix_cache()\n", "            cleared = True\n"),),
+           (("        cleared = self.llm.reset_prefix_cache()\n", "        cleared = True\n"),),
            (f"{VLLM_TESTS}::test_after_each_refit_prompts_sharing_a_cached_prefix_get_the_trainers_new_logprobs",),
            klass="stale-engine", tier="vllm"),
     Mutant("vllm_version_checked_against_itself", "the vLLM worker checks the engine's stamps against the label "
@@ -364,7 +364,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("hf_engine_loads_a_partial_refit", "the hf engine takes a refit with a tensor missing and moves its version",
            "posttrain/models/generation/hf_generation_worker.py",
            (("        if missing or unknown:", "        if False:"),
-            ("self.model.load_state_dict(weights, strict=True)", "self.model.load_state_dict(weights, strict=False)")),
+            ("            state[name].copy_(tensor)", "            if name in state: state[name].copy_(tensor)")),
            ("tests/unit/models/generation/test_refit_probe.py::test_hf_partial_refit_is_refused",),
            klass="stale-engine"),
     Mutant("sft_starts_an_unused_engine", "SFT validating by loss only still starts (and reserves) a generation engine",

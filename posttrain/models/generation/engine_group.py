@@ -46,6 +46,7 @@ class EngineGroup:
         self.group = RayWorkerGroup(cluster, worker_cls, model_path, cfg, bundle_indices=bundle_indices,
                                     reserve=reserve)
         self.model_path = model_path
+        self.group_cfg = cfg
         self.who = who
         self._starting = self.group.submit_all("start")
 
@@ -86,6 +87,29 @@ class EngineGroup:
         """Refit: the weights go into the object store once (or are there already: a
         reference from ``Policy.put_weights``); every engine loads that copy."""
         self.group.run_all("update_weights", weights, version)
+
+    @property
+    def num_engines(self) -> int:
+        return len(self.group)
+
+    @property
+    def refit_transport(self) -> str:
+        """``generation.refit_transport``: how the policy may refit these engines."""
+        return self.group_cfg.refit_transport
+
+    @property
+    def refit_bucket_bytes(self) -> int:
+        """``generation.refit_bucket_mb`` in bytes: the largest bucket of a broadcast refit."""
+        return self.group_cfg.refit_bucket_mb * 2**20
+
+    def submit(self, method: str, *args: Any) -> list[Any]:
+        """Call ``method(*args)`` on every engine without waiting (for a refit broadcast, whose
+        sender runs at the same time): the refs for :meth:`gather`."""
+        return self.group.submit_all(method, *args)
+
+    def gather(self, refs: list[Any], method: str) -> list[Any]:
+        """The results of :meth:`submit`'s calls, in rank order (errors as ``RayWorkerGroup.gather``'s)."""
+        return self.group.gather(refs, method)
 
     def gpu_uuids(self) -> list[str | None]:
         """Each engine's GPU (None on a CPU), in rank order."""

@@ -6,6 +6,7 @@ only through :meth:`update_weights` (refit), exactly as they would reach vLLM.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import ray
@@ -15,6 +16,7 @@ from posttrain.config import GenerationWorkerConfig
 from posttrain.errors import StaleWeightsError
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.models.precision import use_tf32_for_fp32
+from posttrain.models.weight_broadcast import WeightBroadcast, connect_store
 from posttrain.models.weight_transfer import CudaIpcWeights, gpu_uuid, materialize
 
 
@@ -99,7 +101,7 @@ class HfGenerationWorkerImpl:
 
     def gpu_uuid(self) -> str | None:
         """This worker's GPU (None on a CPU): the driver refits over CUDA IPC when it is the policy's."""
-        return gpu_uuid()
+        return gpu_uuid(self.device)
 
     def update_weights(self, weights: dict[str, torch.Tensor] | CudaIpcWeights, version: int) -> None:
         """Load the policy's weights in place (a state dict, or CUDA IPC handles of the
@@ -107,20 +109,45 @@ class HfGenerationWorkerImpl:
 
         Raises:
             StaleWeightsError: a name is missing or unknown, or a shape differs (one line
-                naming the first few); the worker keeps its old weights' version.
+                naming the first few); the worker keeps its old weights and version.
         """
-        weights = materialize(weights)
-        missing = sorted(set(self.model.state_dict()) - set(weights))
-        unknown = sorted(set(weights) - set(self.model.state_dict()))
+        tensors = materialize(weights)
+        self._load({name: tuple(t.shape) for name, t in tensors.items()}, tensors.items(), version)
+
+    def join_weight_broadcast(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Join the policy's refit broadcast group served at ``host:port`` as rank ``1 + rank``."""
+        store = connect_store(host, port, timeout_s)
+        self.broadcast = WeightBroadcast(store, 1 + self.rank, world_size, self.device.type, timeout_s)
+
+    def receive_weights(self, version: int) -> None:
+        """Load the weights the policy broadcasts now (see :meth:`update_weights`; names and
+        shapes are checked from the sender's plan before a tensor loads).
+
+        Raises:
+            StaleWeightsError: as :meth:`update_weights` (every bucket is still received, so
+                the sender is not left waiting).
+        """
+        with self.broadcast.receive() as reception:
+            self._load(reception.plan.shapes, reception, version)
+
+    def _load(self, shapes: dict[str, tuple[int, ...]], tensors: Iterable[tuple[str, torch.Tensor]],
+              version: int) -> None:
+        """Copy ``tensors`` (named as in ``shapes``) into the model, after checking that
+        ``shapes`` names every tensor of the model with its shape and nothing else."""
+        state = self.model.state_dict()
+        missing = sorted(set(state) - set(shapes))
+        unknown = sorted(set(shapes) - set(state))
         if missing or unknown:
             raise StaleWeightsError(f"generation worker {self.rank} cannot load weight version {version}: "
                                     f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
                                     f"unknown {unknown[:3]}{'...' if len(unknown) > 3 else ''}")
-        try:
-            self.model.load_state_dict(weights, strict=True)
-        except RuntimeError as exc:  # a shape mismatch: torch's message spans many lines
+        wrong = [name for name, shape in shapes.items() if tuple(state[name].shape) != tuple(shape)]
+        if wrong:
             raise StaleWeightsError(f"generation worker {self.rank} cannot load weight version {version}: "
-                                    f"{str(exc).strip().splitlines()[-1].strip()}") from None
+                                    f"{wrong[0]} is {list(shapes[wrong[0]])}, the model's is "
+                                    f"{list(state[wrong[0]].shape)}")
+        for name, tensor in tensors:
+            state[name].copy_(tensor)
         self.version = version
 
     def weight_version(self) -> int:

@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from posttrain.config import PolicyWorkerConfig
+from posttrain.config import PolicyWorkerConfig, engine_dtype
 from posttrain.data.batch import TokenBatch
 from posttrain.models.policy.interfaces import LossFn, Metrics
-from posttrain.models.weight_transfer import CudaIpcWeights, gpu_uuid
+from posttrain.models.weight_broadcast import WeightBroadcast, serve_store
+from posttrain.models.weight_transfer import CudaIpcWeights, gpu_uuid, node_ip
 from posttrain.ops import compute_entropy, compute_logprobs, masked_sum
 from posttrain.utils.memory import peak_rss_gib
 
@@ -59,6 +60,9 @@ class PolicyWorkerBase:
     """
 
     cfg: PolicyWorkerConfig
+    rank: int
+    _broadcast: WeightBroadcast | None = None  # the refit broadcast group (rank 0, once joined)
+    _broadcast_store: Any = None
     device: torch.device
     model: Any  # a torch module; typed Any so each backend keeps its own model class's methods
     reference: Any
@@ -140,6 +144,51 @@ class PolicyWorkerBase:
             weights = CudaIpcWeights.share(weights)
         return [object_store_put(weights)], self.get_logprobs(probe) if probe is not None else None
 
+    def serve_weight_broadcast(self, timeout_s: float) -> tuple[str, int] | None:
+        """Rank 0: serve the TCP store of a refit broadcast group (the engines join it) and
+        return its ``(host, port)``; other ranks take no part in the broadcast (None).
+        Then every member calls ``join_weight_broadcast`` at once."""
+        if self.rank != 0:
+            return None
+        self._broadcast_store = serve_store(node_ip(), timeout_s)
+        return node_ip(), self._broadcast_store.port
+
+    def join_weight_broadcast(self, world_size: int, timeout_s: float) -> None:
+        """Rank 0: become the sender (rank 0) of the group served by :meth:`serve_weight_broadcast`,
+        with ``world_size - 1`` engines (they join at the same time); a no-op on other ranks.
+        A group this worker had before (other engines) is released."""
+        if self.rank != 0:
+            return
+        if self._broadcast is not None:
+            self._broadcast.shutdown()
+        self._broadcast = WeightBroadcast(self._broadcast_store, 0, world_size, self.device.type, timeout_s)
+
+    def broadcast_weights(self, bucket_bytes: int,
+                          probe: TokenBatch | None = None) -> tuple[torch.Tensor | None, int, int]:
+        """Refit over the broadcast group: rank 0 sends the weights (Hugging Face names, in the
+        engine's dtype, a tied name once) in buckets of at most ``bucket_bytes``, while the
+        engines receive (the driver calls them at the same time). Every rank must be called
+        (a tensor-parallel model gathers its shards first).
+
+        Returns:
+            ``(probe logprobs, buckets, bytes)``: :meth:`get_logprobs` of ``probe`` (the
+            weight-sync probe's trainer side) or None, and how many buckets and bytes were
+            sent (0 and 0 on ranks other than 0).
+        """
+        weights = self._broadcast_source()
+        buckets = sent = 0
+        if self._broadcast is not None:  # rank 0
+            plan = self._broadcast.send(weights, getattr(torch, engine_dtype(self.cfg.resolved_precision)),
+                                        bucket_bytes)
+            buckets, sent = len(plan.buckets), sum(bucket.nbytes for bucket in plan.buckets)
+        del weights
+        return self.get_logprobs(probe) if probe is not None else None, buckets, sent
+
+    def _broadcast_source(self) -> dict[str, torch.Tensor]:
+        """What :meth:`broadcast_weights` sends, on any device and in any dtype (it converts
+        as it packs): :meth:`_refit_weights` unless a backend can hand over its own tensors."""
+        return self._refit_weights(on_device=True)
+
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Current weights, Hugging Face names, CPU tensors."""
         raise NotImplementedError
@@ -151,7 +200,7 @@ class PolicyWorkerBase:
 
     def gpu_uuid(self) -> str | None:
         """The UUID of this worker's GPU (None on a CPU): see :func:`posttrain.models.weight_transfer.gpu_uuid`."""
-        return gpu_uuid()
+        return gpu_uuid(self.device)
 
     def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
         """Optimizer steps over ``batch`` in global batches of ``train_global_batch_size`` rows,

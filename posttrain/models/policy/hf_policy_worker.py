@@ -58,6 +58,7 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(seed + rank)
         self.cfg = cfg
+        self.rank = rank
         self.device = torch.device(cfg.device)
         self.precision = cfg.resolved_precision
         use_tf32_for_fp32(self.device, self.precision == "fp32" and cfg.tf32)
@@ -124,7 +125,7 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         tensor (a tied output embedding) share one copy: pickled once into the object store,
         one IPC handle's memory, and still tied when the engine receives them."""
         dtype = getattr(torch, engine_dtype(self.precision))
-        state = lora.merged_state_dict(self.model) if self.use_lora else self.model.state_dict()
+        state = self._broadcast_source()
         copies: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
         out = {}
         for name, tensor in state.items():
@@ -139,6 +140,11 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         (vLLM's CPU build keeps its own copy of a tied output embedding and must be given it),
         a tied one as the same tensor, so its bytes travel once."""
         return self._weights_in_engine_dtype(self.device if on_device else torch.device("cpu"))
+
+    def _broadcast_source(self) -> dict[str, torch.Tensor]:
+        """The model's own state dict, no copy (with LoRA: the merged weights); a broadcast
+        converts each tensor to the engine's dtype as it packs it."""
+        return lora.merged_state_dict(self.model) if self.use_lora else self.model.state_dict()
 
     def save_checkpoint(self, path: str, tokenizer_path: str | None = None) -> None:
         """Atomically write the model (Hugging Face format, loadable as a new ``model.path``;

@@ -50,8 +50,12 @@ class PolicyInterface(Protocol):
         without one)."""
         ...
 
-    def shares_gpu_with(self, generation: Any) -> bool:
-        """Whether ``generation``'s engines all hold this policy's GPU (refit over CUDA IPC)."""
+    def refit_transport(self, generation: Any) -> str:
+        """How a refit reaches ``generation``: "cuda_ipc", "broadcast" or "object_store"."""
+        ...
+
+    def broadcast_weights(self, generation: Any, version: int, probe: TokenBatch | None = None) -> torch.Tensor | None:
+        """Refit ``generation`` over a broadcast from the policy worker; the probe's trainer-side logprobs or None."""
         ...
 
     @property

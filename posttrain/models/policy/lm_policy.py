@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import ray
 import torch
@@ -22,6 +22,9 @@ from posttrain.errors import ConfigError
 from posttrain.models.policy.hf_policy_worker import HfPolicyWorker
 from posttrain.models.policy.interfaces import LossFn, Metrics
 from posttrain.models.policy.lora import check_adapter
+from posttrain.models.weight_broadcast import BROADCAST_TIMEOUT_S
+
+RefitTransport = Literal["cuda_ipc", "broadcast", "object_store"]
 
 MCORE_MISSING = ("policy.backend=megatron but megatron-core is not installed: run with `uv run --extra mcore ...`")
 
@@ -58,6 +61,24 @@ def check_backend(cfg: PolicyConfig, gpus_per_worker: float, gpus_found: int | N
                           f"but cluster.gpus_per_worker={gpus_per_worker:g}")
 
 
+def choose_refit_transport(setting: str, policy_gpu: str | None, engine_gpus: list[str | None]) -> RefitTransport:
+    """The refit transport for ``generation.refit_transport`` = ``setting`` ("auto" or
+    "object_store"), the policy's GPU UUID and the engines' (None: a CPU).
+
+    ``cuda_ipc`` when every engine holds the policy's GPU; ``broadcast`` when all of them are
+    on CPUs, or each on a GPU of its own (NCCL cannot have two ranks on one GPU); else
+    ``object_store`` (also whenever ``setting`` says so).
+    """
+    if setting == "object_store":
+        return "object_store"
+    if policy_gpu is not None and all(uuid == policy_gpu for uuid in engine_gpus):
+        return "cuda_ipc"
+    on_cpus = policy_gpu is None and all(uuid is None for uuid in engine_gpus)
+    gpus = [policy_gpu, *engine_gpus]
+    own_gpus = None not in gpus and len(set(gpus)) == len(gpus)
+    return "broadcast" if on_cpus or own_gpus else "object_store"
+
+
 class Policy:
     """A policy in Ray actors placed on ``cluster`` bundles ``bundle_indices``.
 
@@ -87,7 +108,9 @@ class Policy:
         # What the workers reported with their last train step (None: ask them).
         self._version: int | None = None
         self._peak_gib: float | None = None
-        self._shares_gpu: dict[int, bool] = {}  # id(generation) -> its engines all hold our GPU
+        self._gpus: dict[int, tuple[str | None, list[str | None]]] = {}  # id(generation) -> (our GPU, theirs)
+        self._broadcast_to: int | None = None  # id of the engine group the broadcast group was set up with
+        self.last_broadcast: tuple[int, int] | None = None  # (buckets, bytes) of the last broadcast refit
 
     def wait_ready(self) -> None:
         """Block until the workers are up (see :meth:`RayWorkerGroup.wait_ready`).
@@ -130,16 +153,44 @@ class Policy:
         [ref], probe_logprobs = self.group.run_all("put_weights", probe, cuda_ipc=cuda_ipc)[0]
         return ref, probe_logprobs
 
-    def shares_gpu_with(self, generation: Any) -> bool:
-        """Whether every engine of ``generation`` holds the policy's GPU (rank 0's), so a refit
-        can go over CUDA IPC; asked once per engine group. False on CPUs, and for a
-        ``generation`` that cannot say (no ``gpu_uuids``)."""
+    def refit_transport(self, generation: Any) -> RefitTransport:
+        """How a refit reaches ``generation``'s engines (:func:`choose_refit_transport` of its
+        ``refit_transport`` setting, rank 0's GPU and the engines'; the GPUs are asked for once
+        per engine group). A ``generation`` without the setting (a test double) gets ``object_store``."""
+        setting = getattr(generation, "refit_transport", "object_store")
+        if setting == "object_store":
+            return "object_store"
         key = id(generation)
-        if key not in self._shares_gpu:
-            mine = self.group.run_all("gpu_uuid")[0]
-            theirs = generation.gpu_uuids() if hasattr(generation, "gpu_uuids") else [None]
-            self._shares_gpu[key] = mine is not None and all(uuid == mine for uuid in theirs)
-        return self._shares_gpu[key]
+        if key not in self._gpus:
+            self._gpus[key] = (self.group.run_all("gpu_uuid")[0], generation.gpu_uuids())
+        return choose_refit_transport(setting, *self._gpus[key])
+
+    def broadcast_weights(self, generation: Any, version: int, probe: TokenBatch | None = None) -> torch.Tensor | None:
+        """Refit ``generation``'s engines over a broadcast from the policy worker (NCCL or gloo,
+        see ``posttrain.models.weight_broadcast``): the sender and the receivers run at once,
+        the weights go device to device in buckets of ``generation.refit_bucket_bytes``. The
+        group is set up at the first refit of an engine group.
+
+        Returns:
+            The probe's trainer-side logprobs (scored by the sender in the same call), or None.
+
+        Raises:
+            StaleWeightsError: an engine could not load the weights (names or shapes differ).
+            WorkerDiedError: a worker died on the way.
+        """
+        if self._broadcast_to != id(generation):
+            host, port = self.group.run_all("serve_weight_broadcast", BROADCAST_TIMEOUT_S)[0]
+            world_size = 1 + generation.num_engines
+            mine = self.group.submit_all("join_weight_broadcast", world_size, BROADCAST_TIMEOUT_S)
+            generation.gather(generation.submit("join_weight_broadcast", host, port, world_size, BROADCAST_TIMEOUT_S),
+                              "join_weight_broadcast")
+            self.group.gather(mine, "join_weight_broadcast")
+            self._broadcast_to = id(generation)
+        sending = self.group.submit_all("broadcast_weights", generation.refit_bucket_bytes, probe)
+        generation.gather(generation.submit("receive_weights", version), "receive_weights")
+        probe_logprobs, buckets, sent = self.group.gather(sending, "broadcast_weights")[0]
+        self.last_broadcast = (buckets, sent)
+        return probe_logprobs
 
     @property
     def weight_version(self) -> int:

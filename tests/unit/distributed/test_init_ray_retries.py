@@ -63,7 +63,7 @@ def test_timeouts_are_retried_with_one_line_each(fake, capsys):
     ray_cluster.init_ray(num_cpus=2)
     assert (ray.inits, ray.shutdowns) == (3, 2)
     lines = capsys.readouterr().out.splitlines()
-    assert lines == [f"ray: the local node timed out during startup (attempt {i} of 3, a busy machine); "
+    assert lines == [f"ray: the local node timed out during startup (attempt {i} of 5, a busy machine); "
                      "starting it again" for i in (1, 2)]
 
 

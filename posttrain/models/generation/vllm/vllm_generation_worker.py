@@ -25,6 +25,7 @@ from posttrain.errors import EngineStartError, StaleWeightsError
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.models.generation.vllm.engine_memory import check_fits, free_memory, kv_cache_bytes, kv_cache_shape
 from posttrain.models.precision import use_tf32_for_fp32
+from posttrain.models.weight_broadcast import WeightBroadcast, connect_store
 from posttrain.models.weight_transfer import CudaIpcWeights, gpu_uuid, materialize
 
 
@@ -215,7 +216,7 @@ class VllmGenerationWorkerImpl:
 
     def gpu_uuid(self) -> str | None:
         """This engine's GPU (None on a CPU): the driver refits over CUDA IPC when it is the policy's."""
-        return gpu_uuid()
+        return gpu_uuid(self.cfg.device)
 
     def update_weights(self, weights: dict[str, torch.Tensor] | CudaIpcWeights, version: int) -> None:
         """Load the policy's weights in place (HF names; a state dict or CUDA IPC handles of
@@ -230,14 +231,30 @@ class VllmGenerationWorkerImpl:
         """
         with self._awake():
             tensors = materialize(weights)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors.items())})
+            self._reload(iter(tensors.items()), version)
             del tensors
-            # Prefix-cached KV blocks were computed with the old weights: a prompt sharing a
-            # cached prefix would attend to stale keys and values, with no error anywhere.
-            cleared = self.llm.reset_prefix_cache()
+
+    def join_weight_broadcast(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Join the policy's refit broadcast group served at ``host:port`` as rank ``1 + rank``."""
+        store = connect_store(host, port, timeout_s)
+        self.broadcast = WeightBroadcast(store, 1 + self.rank, world_size, self.cfg.device, timeout_s)
+
+    def receive_weights(self, version: int) -> None:
+        """Load the weights the policy broadcasts now, bucket by bucket as they arrive (see
+        :meth:`update_weights`; every bucket is received even when loading fails, so the
+        sender is not left waiting)."""
+        with self._awake(), self.broadcast.receive() as reception:
+            self._reload(iter(reception), version)
+
+    def _reload(self, tensors: Iterator[tuple[str, torch.Tensor]], version: int) -> None:
+        """vLLM's in-place ``reload_weights`` over ``tensors``, then a fresh prefix cache and the label."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
+        # Prefix-cached KV blocks were computed with the old weights: a prompt sharing a
+        # cached prefix would attend to stale keys and values, with no error anywhere.
+        cleared = self.llm.reset_prefix_cache()
         if not cleared:  # vLLM only logs a warning and returns False
             raise StaleWeightsError(f"vLLM could not reset its prefix cache after loading weight version {version} "
-                               "(requests still hold KV blocks): it would serve KV of the old weights")
+                                    "(requests still hold KV blocks): it would serve KV of the old weights")
         self.version = version
         self.llm.llm_engine.set_weight_version(str(version))
 

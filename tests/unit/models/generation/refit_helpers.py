@@ -26,6 +26,9 @@ class DropOneTensor:
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.policy, attr)
 
+    def refit_transport(self, generation: Any) -> str:
+        return "object_store"  # the weights pass through here, where one is dropped
+
     def put_weights(self, probe: Any = None, cuda_ipc: bool = False) -> tuple[Any, Any]:
         import ray
 

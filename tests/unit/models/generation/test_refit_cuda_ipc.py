@@ -37,7 +37,7 @@ def test_a_colocated_refit_goes_over_cuda_ipc_and_the_engine_serves_the_new_weig
                        GenerationConfig(backend="hf"), ClusterConfig(cpus_per_worker=0.5, gpus_per_worker=0.5),
                        seed=0)
     try:
-        assert rt.policy.shares_gpu_with(rt.generation)
+        assert rt.policy.refit_transport(rt.generation) == "cuda_ipc"
         bound = PROBE_BOUNDS[precision]
         exact = 1e-6 if precision == "fp32" else bound
         for _ in range(2):  # the second refit shares new tensors; the first ones are released

@@ -1,0 +1,59 @@
+"""Refit over a gloo broadcast on CPUs, real Ray: a policy and two Hugging Face engines.
+
+``generation.refit_transport=auto`` on CPUs broadcasts; the weights travel in buckets of
+``generation.refit_bucket_mb`` (1 MiB here: the tiny model takes several), every engine then
+scores exactly as the trainer, and ``object_store`` sends no broadcast at all.
+"""
+
+from __future__ import annotations
+
+import pytest
+from unit.models.generation.refit_helpers import train_step
+
+from posttrain.algorithms.runtime import refit, setup_runtime
+from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig
+
+
+def runtime(tiny_model_path: str, **generation):
+    return setup_runtime(ModelConfig(path=tiny_model_path), PolicyConfig(lr=1e-2),
+                         GenerationConfig(backend="hf", num_workers=2, **generation),
+                         ClusterConfig(cpus_per_worker=0.5), seed=0)
+
+
+@pytest.mark.parametrize("bucket_mb", [1, 512])
+def test_a_cpu_refit_is_a_broadcast_in_buckets_and_every_engine_serves_the_new_weights(
+        ray_cluster, tiny_model_path, bucket_mb):
+    rt = runtime(tiny_model_path, refit_bucket_mb=bucket_mb)
+    try:
+        assert rt.policy.refit_transport(rt.generation) == "broadcast"
+        for _ in range(2):  # the second refit reuses the group
+            train_step(rt)
+            stale = rt.probe.measure(rt.policy, rt.generation)["train/refit_logprob_error"]
+            assert stale > 1e-2, stale
+            error = refit(rt.policy, rt.generation, rt.probe)["train/refit_logprob_error"]
+            assert error < 1e-6, error  # the probe's sequences are shared out over both engines
+            assert rt.generation.weight_version() == rt.policy.weight_version
+        buckets, sent = rt.policy.last_broadcast
+        # fp32, a tied embedding once: the model's bytes; 1 MiB buckets split them
+        assert sent >= 4 * sum(p.numel() for p in _unique_params(tiny_model_path))
+        assert (buckets > 1) == (bucket_mb == 1) and buckets <= sent // 2**20 + 2
+    finally:
+        rt.shutdown()
+
+
+def test_refit_transport_object_store_sends_no_broadcast(ray_cluster, tiny_model_path):
+    rt = runtime(tiny_model_path, refit_transport="object_store")
+    try:
+        assert rt.policy.refit_transport(rt.generation) == "object_store"
+        train_step(rt)
+        error = refit(rt.policy, rt.generation, rt.probe)["train/refit_logprob_error"]
+        assert error < 1e-6
+        assert rt.policy.last_broadcast is None
+    finally:
+        rt.shutdown()
+
+
+def _unique_params(path: str):
+    from transformers import AutoModelForCausalLM
+
+    return list(AutoModelForCausalLM.from_pretrained(path).parameters())  # tied ones once
