@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-DEFAULT_SEQ_LEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+# Steps of 1.5x and 1.33x alternately (powers of two and the halves between them): a batch is
+# padded by at most half its longest sequence, not twice it (GRPO on 2-digit addition: 10
+# tokens padded to 12, not 16; every forward and backward pass pays for the padding).
+DEFAULT_SEQ_LEN_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 DEFAULT_COMPLETION_LEN_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 

@@ -219,8 +219,10 @@ def test_unsorted_or_bad_buckets_raise(seq_buckets, comp_buckets, name: str) -> 
 
 def test_default_buckets() -> None:
     batch = make_batch([[3] * 6], [[4, 5, 6, 7]], PAD)
-    assert batch.input_ids.shape == (1, 16)
+    assert batch.input_ids.shape == (1, 12)  # 10 tokens: the half-step bucket, not 16
     assert batch.completion_mask.shape == (1, 4)
+    batch = make_batch([[3] * 700], [[4] * 100], PAD)
+    assert batch.input_ids.shape == (1, 1024)
 
 
 def test_select_returns_the_right_rows() -> None:
