@@ -64,6 +64,9 @@ def test_engine_logprobs_match_trainer_after_refit_and_not_before(hf_runtime):
 
 def test_refit_with_stale_version_raises(hf_runtime, monkeypatch):
     rt = hf_runtime
+    # through the object store, where the engines' update is one call to skip (a broadcast
+    # whose receivers never run would leave its sender waiting)
+    monkeypatch.setattr(rt.policy, "refit_transport", lambda generation: "object_store")
     monkeypatch.setattr(rt.generation, "update_weights", lambda weights, version: None)
     _train_once(rt)
     with pytest.raises(RuntimeError, match="refit failed: generation engine at weight version"):

@@ -154,6 +154,9 @@ def test_probe_catches_a_partial_refit(rt):
 
 def test_a_skipped_refit_is_caught_by_the_version_check(rt, monkeypatch):
     train_step(rt)
+    # through the object store, where the engines' update is one call to skip (a broadcast
+    # whose receivers never run would leave its sender waiting)
+    monkeypatch.setattr(rt.policy, "refit_transport", lambda generation: "object_store")
     monkeypatch.setattr(rt.generation, "update_weights", lambda weights, version: None)
     with pytest.raises(RuntimeError, match="refit failed: generation engine at weight version"):
         refit(rt.policy, rt.generation, rt.probe)
