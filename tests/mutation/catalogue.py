@@ -264,7 +264,7 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{LOOP_DATA}::test_an_engine_reporting_a_stale_version_after_refit_stops_the_run",),
            klass="stale-engine"),
     # issue 16: the broadcast refit (gloo on CPUs: every Ray test that refits goes through it)
-    Mutant("broadcast_sends_empty_buckets", "the refit broadcast sends buckets it never filled: the engines load garbage",
+    Mutant("broadcast_sends_empty_buckets", "the refit broadcast sends buckets it never filled (engines load garbage)",
            "posttrain/models/weight_broadcast.py",
            (("                    slot.view(flat).copy_(weights[slot.name])", "                    pass"),),
            ("tests/unit/models/test_weight_broadcast.py", "tests/unit/models/generation/test_refit_broadcast.py"),

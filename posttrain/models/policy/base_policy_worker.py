@@ -175,7 +175,7 @@ class PolicyWorkerBase:
             weight-sync probe's trainer side) or None, and how many buckets and bytes were
             sent (0 and 0 on ranks other than 0).
         """
-        weights = self._broadcast_source()
+        weights = self._refit_source()
         buckets = sent = 0
         if self._broadcast is not None:  # rank 0
             plan = self._broadcast.send(weights, getattr(torch, engine_dtype(self.cfg.resolved_precision)),
@@ -184,7 +184,7 @@ class PolicyWorkerBase:
         del weights
         return self.get_logprobs(probe) if probe is not None else None, buckets, sent
 
-    def _broadcast_source(self) -> dict[str, torch.Tensor]:
+    def _refit_source(self) -> dict[str, torch.Tensor]:
         """What :meth:`broadcast_weights` sends, on any device and in any dtype (it converts
         as it packs): :meth:`_refit_weights` unless a backend can hand over its own tensors."""
         return self._refit_weights(on_device=True)

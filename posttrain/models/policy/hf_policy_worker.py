@@ -125,7 +125,7 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         tensor (a tied output embedding) share one copy: pickled once into the object store,
         one IPC handle's memory, and still tied when the engine receives them."""
         dtype = getattr(torch, engine_dtype(self.precision))
-        state = self._broadcast_source()
+        state = self._refit_source()
         copies: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
         out = {}
         for name, tensor in state.items():
@@ -141,7 +141,7 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         a tied one as the same tensor, so its bytes travel once."""
         return self._weights_in_engine_dtype(self.device if on_device else torch.device("cpu"))
 
-    def _broadcast_source(self) -> dict[str, torch.Tensor]:
+    def _refit_source(self) -> dict[str, torch.Tensor]:
         """The model's own state dict, no copy (with LoRA: the merged weights); a broadcast
         converts each tensor to the engine's dtype as it packs it."""
         return lora.merged_state_dict(self.model) if self.use_lora else self.model.state_dict()
