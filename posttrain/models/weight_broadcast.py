@@ -26,6 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from posttrain.models.weight_transfer import tensor_identity
+
 # Byte offsets of tensors in a bucket are multiples of this, so a slice of the bucket's
 # uint8 buffer can be viewed as any dtype (a view must start on a multiple of its element size).
 ALIGN = 16
@@ -102,36 +104,26 @@ def plan_buckets(weights: dict[str, torch.Tensor], dtype: torch.dtype, bucket_by
     """
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes={bucket_bytes}: expected at least 1")
-    buckets: list[Bucket] = []
-    slots: list[TensorSlot] = []
-    size = 0
-    first_name: dict[tuple[int, int, tuple[int, ...]], str] = {}
-    bucket_of: dict[str, int] = {}  # name -> index in ``buckets`` (len(buckets): the open one)
-    aliases: dict[int, list[TensorSlot]] = {}
+    type_name = str(dtype).removeprefix("torch.")
+    groups: list[list[TensorSlot]] = [[]]
+    sizes = [0]
+    placed: dict[tuple[int, int, tuple[int, ...]], tuple[int, TensorSlot]] = {}  # tensor -> (bucket, slot)
     for name, tensor in weights.items():
         shape = tuple(tensor.shape)
-        key = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), shape)
-        if key in first_name:
-            original = first_name[key]
-            aliases.setdefault(bucket_of[original], []).append(
-                TensorSlot(name, shape, str(dtype).removeprefix("torch."), 0, alias_of=original))
+        key = tensor_identity(tensor)
+        if key in placed:  # a tied name: the bytes are in that bucket already
+            index, original = placed[key]
+            groups[index].append(TensorSlot(name, shape, type_name, original.offset, alias_of=original.name))
             continue
         nbytes = tensor.numel() * dtype.itemsize
-        if slots and size + nbytes > bucket_bytes:
-            buckets.append(Bucket(size, tuple(slots)))
-            slots, size = [], 0
-        first_name[key] = name
-        bucket_of[name] = len(buckets)
-        slots.append(TensorSlot(name, shape, str(dtype).removeprefix("torch."), size))
-        size = _aligned(size + nbytes)
-    if slots:
-        buckets.append(Bucket(size, tuple(slots)))
-    out = []
-    for i, bucket in enumerate(buckets):
-        tied = [TensorSlot(a.name, a.shape, a.dtype, next(s.offset for s in bucket.slots if s.name == a.alias_of),
-                           a.alias_of) for a in aliases.get(i, [])]
-        out.append(Bucket(bucket.nbytes, bucket.slots + tuple(tied)))
-    return BucketPlan(tuple(out))
+        if groups[-1] and sizes[-1] + nbytes > bucket_bytes:
+            groups.append([])
+            sizes.append(0)
+        slot = TensorSlot(name, shape, type_name, sizes[-1])
+        groups[-1].append(slot)
+        placed[key] = (len(groups) - 1, slot)
+        sizes[-1] = _aligned(sizes[-1] + nbytes)
+    return BucketPlan(tuple(Bucket(size, tuple(group)) for size, group in zip(sizes, groups, strict=True) if group))
 
 
 def serve_store(host: str, timeout_s: float) -> dist.TCPStore:

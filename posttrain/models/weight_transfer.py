@@ -47,6 +47,12 @@ class CudaIpcWeights:
         return len(self.handles)
 
 
+def tensor_identity(tensor: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
+    """(storage address, offset, shape): equal for names that share one tensor (a tied
+    embedding), so a refit sends those bytes once."""
+    return tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tuple(tensor.shape)
+
+
 def materialize(weights: dict[str, torch.Tensor] | CudaIpcWeights) -> dict[str, torch.Tensor]:
     """The state dict an engine loads: ``weights`` itself, or the tensors its IPC handles open."""
     return weights.open() if isinstance(weights, CudaIpcWeights) else weights

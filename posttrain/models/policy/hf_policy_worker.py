@@ -22,6 +22,7 @@ from posttrain.data.batch import TokenBatch
 from posttrain.models.policy import lora
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 from posttrain.models.precision import use_tf32_for_fp32
+from posttrain.models.weight_transfer import tensor_identity
 from posttrain.utils.checkpoint import atomic_dir
 
 
@@ -126,10 +127,10 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         one IPC handle's memory, and still tied when the engine receives them."""
         dtype = getattr(torch, engine_dtype(self.precision))
         state = self._refit_source()
-        copies: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
+        copies: dict[tuple[int, int, tuple[int, ...]], torch.Tensor] = {}
         out = {}
         for name, tensor in state.items():
-            key = (tensor.data_ptr(), tuple(tensor.shape))
+            key = tensor_identity(tensor)
             if key not in copies:
                 copies[key] = tensor.detach().to(device, dtype, copy=True)
             out[name] = copies[key]
