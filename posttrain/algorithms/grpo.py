@@ -188,8 +188,12 @@ def validate(rt: Runtime, val: list[MathProblem], cfg: GRPOMasterConfig) -> dict
 
 def learn(rt: Runtime, rollouts: Rollouts, cfg: GRPOMasterConfig, loss_fn: ClippedPGLoss, timer: Timer,
           trainer_version: int, off_policy: bool = False) -> dict[str, float]:
-    """One policy update from scored rollouts: advantages, the kept rows, old and (when
-    ``kl_coef`` > 0) reference logprobs, the train call; returns the step's ``train/*`` metrics.
+    """One policy update from scored rollouts: advantages, the kept rows, (when ``kl_coef``
+    > 0) reference logprobs, the train call; returns the step's ``train/*`` metrics.
+
+    The old logprobs (the trainer's, of the weights the update starts from) are scored by the
+    worker inside the train call (``PolicyWorkerBase.train``): from the train forward itself
+    when the call is one optimizer step, so an on-policy step scores its batch once.
 
     Args:
         trainer_version: the policy's weight version before this update.
@@ -203,22 +207,24 @@ def learn(rt: Runtime, rollouts: Rollouts, cfg: GRPOMasterConfig, loss_fn: Clipp
     with timer.time("reward"):
         advantages, keep = select_rows(rollouts, cfg.grpo)
         batch, gen_logprobs = to_train_batch(rollouts, keep, rt.tokenizer.pad_token_id)
-    with timer.time("logprobs"):
+    extra = {"advantages": advantages[keep]}
+    if loss_fn.kl_coef > 0:
         # The reference policy only enters the loss through the KL term: at kl_coef 0 it is
         # not scored at all (and train/kl is not logged), as in TRL and verl.
-        old_logprobs, ref_logprobs = rt.policy.get_old_and_reference_logprobs(batch, loss_fn.kl_coef > 0)
+        with timer.time("logprobs"):
+            extra["ref_logprobs"] = rt.policy.get_logprobs(batch, reference=True)
+    if off_policy and loss_fn.importance_weight_cap is not None:
+        extra["behaviour_logprobs"] = gen_logprobs
+    elif off_policy:
+        extra["old_logprobs"] = gen_logprobs
     with timer.time("train"):
-        extra = {"advantages": advantages[keep], "old_logprobs": old_logprobs}
-        if ref_logprobs is not None:
-            extra["ref_logprobs"] = ref_logprobs
-        if off_policy and loss_fn.importance_weight_cap is not None:
-            extra["behaviour_logprobs"] = gen_logprobs
-        elif off_policy:
-            extra["old_logprobs"] = gen_logprobs
         train_metrics = rt.policy.train(batch, extra, loss_fn)
     metrics = {f"train/{k}": v for k, v in train_metrics.items()}
     metrics.update(rollout_metrics(rollouts, cfg.grpo))
     if rollouts.weight_version == trainer_version:
+        old_logprobs = rt.policy.old_logprobs
+        if old_logprobs is None:
+            raise RuntimeError("the policy's train call reported no old logprobs (its loss reads them)")
         metrics["train/token_mult_prob_error"] = token_mult_prob_error(gen_logprobs, old_logprobs,
                                                                        batch.completion_mask)
     return metrics

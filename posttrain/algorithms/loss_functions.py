@@ -11,6 +11,7 @@ normalization biases the gradient).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -59,6 +60,8 @@ class ClippedPGLoss:
         importance_weight_cap: C of the truncated importance weight (None: no weight).
     """
 
+    # The ratio's denominator: a policy worker scores them itself when the caller sends none.
+    uses_old_logprobs: ClassVar[bool] = True
     clip_eps: float = 0.2
     kl_coef: float = 0.0
     importance_weight_cap: float | None = None
@@ -125,6 +128,8 @@ class ClippedPGLoss:
 @dataclass(frozen=True)
 class NLLLoss:
     """Masked negative log-likelihood of the response tokens (SFT)."""
+
+    uses_old_logprobs: ClassVar[bool] = False
 
     def __call__(
         self, logprobs: torch.Tensor, data: dict[str, torch.Tensor], num_tokens: float

@@ -47,7 +47,7 @@ IMPLS: dict[Any, tuple[type, str]] = {
 
 
 # Methods a worker calls on itself inside a fused call (``train_step`` trains, then reports;
-# ``get_old_and_reference_logprobs`` and ``put_weights`` score): recorded as calls of their own,
+# ``put_weights`` and ``broadcast_weights`` score the probe): recorded as calls of their own,
 # so a test reads the loop's training and scoring however the driver batched its requests.
 NESTED: dict[str, tuple[str, ...]] = {"policy": ("train", "get_logprobs")}
 

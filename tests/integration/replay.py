@@ -130,15 +130,16 @@ class ReplayTrainer:
                 if spec.clip_eps is None:  # SFT: negative log-likelihood of the response token
                     total = total - logp
                     continue
-                adv, old, ref = float(extra["advantages"][b]), float(extra["old_logprobs"][b, j]), \
-                    float(extra["ref_logprobs"][b, j])
+                adv, old = float(extra["advantages"][b]), float(extra["old_logprobs"][b, j])
                 ratio = torch.exp(logp - old)
                 low, high = 1 - spec.clip_eps, 1 + spec.clip_eps
                 surrogate = torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
-                log_r = (ref - logp).clamp(-20.0, 20.0)
-                k3 = torch.exp(log_r) - log_r - 1  # k3 estimator of KL(pi || pi_ref)
-                total = total - surrogate + spec.kl_coef * k3
-                kl_sum += float(k3.detach())
+                total = total - surrogate
+                if spec.kl_coef:  # (at kl_coef 0 the run neither sends reference logprobs nor logs kl)
+                    log_r = (float(extra["ref_logprobs"][b, j]) - logp).clamp(-20.0, 20.0)
+                    k3 = torch.exp(log_r) - log_r - 1  # k3 estimator of KL(pi || pi_ref)
+                    total = total + spec.kl_coef * k3
+                    kl_sum += float(k3.detach())
                 r = float(ratio.detach())
                 ratios.append(r)
                 # the clip takes the gradient away: ratio above 1+eps with A > 0, below 1-eps with A < 0
@@ -146,14 +147,29 @@ class ReplayTrainer:
         loss = total / max(num_tokens, 1)
         metrics = {"loss": float(loss.detach()), "entropy": entropy / max(num_tokens, 1)}
         if spec.clip_eps is not None:
-            metrics.update(kl=kl_sum / max(num_tokens, 1), clip_fraction=clipped / max(num_tokens, 1),
+            metrics.update(clip_fraction=clipped / max(num_tokens, 1),
                            probs_ratio_min=min(ratios, default=1.0), probs_ratio_max=max(ratios, default=1.0))
+            if spec.kl_coef:
+                metrics["kl"] = kl_sum / max(num_tokens, 1)
         return loss, metrics
+
+    def old_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """``[B, L]`` logprobs of the completion tokens under the current weights, no grad
+        (eval mode), zeros past each row: the old policy of a train call starting now."""
+        self.model.eval()
+        with torch.no_grad():
+            old = padded(token_logprobs(self.model, batch, self.spec.temperature), batch.completion_mask.shape[1])
+        self.model.train()
+        return old
 
     def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor]) -> dict[str, float]:
         """One train call: optimizer steps over consecutive global batches; the metrics the
-        worker reports (means over optimizer steps; ratio min/max over all of them)."""
+        worker reports (means over optimizer steps; ratio min/max over all of them). GRPO
+        without ``old_logprobs`` in ``extra`` (the run's worker scored them in the call) takes
+        the weights the call starts from as the old policy, for every one of its steps."""
         gbs = self.spec.global_batch_size
+        if self.spec.clip_eps is not None and "old_logprobs" not in extra:
+            extra = {**extra, "old_logprobs": self.old_logprobs(batch)}
         per_step, lr_first = [], self.lr_of_next_step()
         for start in range(0, len(batch), gbs):
             self.optimizer.zero_grad(set_to_none=True)

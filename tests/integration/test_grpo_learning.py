@@ -58,10 +58,11 @@ def sequence_logprobs(policy: PolicyWorkerBase, batch, reference: bool = False) 
 
 def grpo_step(policy: PolicyWorkerBase, batch, advantages: torch.Tensor, loss_fn: ClippedPGLoss,
               old_logprobs: torch.Tensor | None = None) -> dict[str, float]:
-    """One GRPO train call as the loop makes it: old and reference logprobs first, then train."""
-    extra = {"advantages": advantages,
-             "old_logprobs": policy.get_logprobs(batch) if old_logprobs is None else old_logprobs,
-             "ref_logprobs": policy.get_logprobs(batch, reference=True)}
+    """One GRPO train call as the loop makes it: reference logprobs first, then train, which
+    scores the old logprobs itself (unless ``old_logprobs`` are given)."""
+    extra = {"advantages": advantages, "ref_logprobs": policy.get_logprobs(batch, reference=True)}
+    if old_logprobs is not None:
+        extra["old_logprobs"] = old_logprobs
     return policy.train(batch, extra, loss_fn)
 
 

@@ -141,20 +141,18 @@ def test_grpo_train_step_metrics_equal_an_independent_replay(grpo_run) -> None:
     run, cfg, model_path = grpo_run
     replay = ReplayTrainer(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32),
                            TrainerSpec.of(cfg, "grpo"))
-    train_calls = run.calls("policy", "train")
-    assert len(train_calls) == 3
+    train_calls, reports = run.calls("policy", "train"), run.calls("policy", "train_step")
+    assert len(train_calls) == len(reports) == 3
     optimizer_steps = 0
-    for step, call in enumerate(train_calls, start=1):
+    for step, (call, report) in enumerate(zip(train_calls, reports, strict=True), start=1):
         batch, extra, _ = call.args
         assert max_weight_gap(call.weights_before, replay.weights()) < WEIGHT_TOLERANCE, f"step {step}: weights drifted"
-        with torch.no_grad():
-            width = batch.completion_mask.shape[1]
-            replay.model.eval()
-            old = padded(token_logprobs(replay.model, batch, 1.0), width)
-            replay.model.train()
         mask = batch.completion_mask.bool()
-        # the loop's old logprobs are the current policy's, its reference ones the initial policy's
-        assert (extra["old_logprobs"] - old)[mask].abs().max() < 1e-5, step
+        # the worker scored the old logprobs itself (the loop sends none), from the policy the
+        # call started from; it reports them to the loop with the step
+        assert "old_logprobs" not in extra
+        reported_old = report.result[3]
+        assert (reported_old - replay.old_logprobs(batch))[mask].abs().max() < 1e-5, step
         metrics = replay.train(batch, extra)
         optimizer_steps += metrics["num_optimizer_steps"]
         logged = logged_at(run, step)
@@ -163,6 +161,58 @@ def test_grpo_train_step_metrics_equal_an_independent_replay(grpo_run) -> None:
     assert max(run.metrics["train/clip_fraction"].values()) > 0
     assert min(run.metrics["train/probs_ratio_min"].values()) < 1 < max(run.metrics["train/probs_ratio_max"].values())
     assert max(run.metrics["train/kl"].values()) > 1e-4
+
+
+@pytest.fixture(scope="module")
+def one_step_run(tiny_model_path, tmp_path_factory, tokenizer):
+    """GRPO as TRL's trainer runs it: each train call one optimizer step over the whole batch
+    (on-policy, kl_coef 0), so the worker takes the old logprobs from its train forward."""
+    with pytest.MonkeyPatch.context() as mp:
+        from in_process import InProcess
+
+        mp.setattr(grpo, "math_reward", low_digit_reward)
+        overrides = [f"model.path={tiny_model_path}", f"logger.log_dir={tmp_path_factory.mktemp('grpo1')}",
+                     "grpo.num_steps=3", "grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=4",
+                     "generation.max_new_tokens=6", "data.arithmetic.num_val=9", "grpo.val_period=0",
+                     "policy.lr=1e-2", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=8",
+                     "grpo.kl_coef=0", "generation.refit_probe.max_logprob_error=0.1"]
+        run = InProcess(mp).run(grpo, GRPO_YAML, overrides, engine_transforms(tokenizer))
+        yield run, run.cfg, tiny_model_path
+
+
+def test_one_optimizer_step_scores_the_old_policy_in_its_train_forward(one_step_run) -> None:
+    """The train call's only forward passes are its micro-batches' (no scoring pass, none of
+    the reference), yet it trains as a replay that scores the old policy separately does:
+    weights, loss, clip fraction and ratios (exactly 1: old is this forward's, detached), and
+    the old logprobs it reports are the policy's before the step."""
+    from transformers import AutoModelForCausalLM
+
+    run, cfg, model_path = one_step_run
+    replay = ReplayTrainer(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32),
+                           TrainerSpec.of(cfg, "grpo"))
+    scorer = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    train_calls, reports = run.calls("policy", "train"), run.calls("policy", "train_step")
+    assert len(train_calls) == len(reports) == 3
+    for step, (call, report) in enumerate(zip(train_calls, reports, strict=True), start=1):
+        batch, extra, _ = call.args
+        assert set(extra) == {"advantages"}, step
+        micro = cfg.policy.train_micro_batch_size
+        assert call.forward_rows == [min(micro, len(batch) - s) for s in range(0, len(batch), micro)], step
+        assert max_weight_gap(call.weights_before, replay.weights()) < WEIGHT_TOLERANCE, f"step {step}: weights drifted"
+        mask = batch.completion_mask.bool()
+        scorer.load_state_dict(call.weights_before)  # the run's own weights at the call's start
+        with torch.no_grad():
+            old = padded(token_logprobs(scorer, batch, 1.0), batch.completion_mask.shape[1])
+        assert (report.result[3] - old)[mask].abs().max() < 1e-5, step
+        metrics = replay.train(batch, extra)
+        assert metrics["num_optimizer_steps"] == 1
+        logged = logged_at(run, step)
+        assert logged["probs_ratio_min"] == logged["probs_ratio_max"] == 1.0
+        assert_metrics_match(logged, metrics, f"step {step}")
+        assert "kl" not in logged
+    final = run.workers("policy")[0].impl.get_weights()
+    assert max_weight_gap(final, replay.weights()) < WEIGHT_TOLERANCE
+    assert max_weight_gap(final, train_calls[0].weights_before) > 1e-3  # it learned: the check has teeth
 
 
 def test_grpo_reference_logprobs_are_the_initial_policys(grpo_run) -> None:
@@ -213,10 +263,10 @@ def test_grpo_engine_trainer_disagreement_is_measured_on_the_sampled_tokens(grpo
     run, cfg, _ = grpo_run
     for step, calls in enumerate(steps_of(run), start=1):
         out, rewards = calls[0].result, rollout_rewards(calls[0], tokenizer)
-        _, extra, _ = first(calls, "policy", "train").args
+        old = first(calls, "policy", "train_step").result[3]  # the old logprobs the step reported
         errors = []
         for b, i in enumerate(kept_rows(rewards, cfg.grpo.completions_per_prompt)):
-            trainer = extra["old_logprobs"][b, : len(out.logprobs[i])].tolist()
+            trainer = old[b, : len(out.logprobs[i])].tolist()
             errors += [math.exp(abs(e - t)) for e, t in zip(out.logprobs[i], trainer, strict=True)]
         assert run.metrics["train/token_mult_prob_error"][str(step)] == pytest.approx(statistics.fmean(errors),
                                                                                       rel=1e-5), step

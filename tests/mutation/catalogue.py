@@ -151,6 +151,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/algorithms/loss_functions.py",
            (('logprobs - data["old_logprobs"]', "logprobs - logprobs.detach()"),),
            (f"{LEARNING}::test_tokens_outside_the_clip_range_get_no_update", LOSSES)),
+    Mutant("fused_old_logprobs_keep_grad", "one-step train calls take old = the forward's logprobs undetached: "
+           "the ratio's gradient is 0, nothing learns",
+           "posttrain/models/policy/base_policy_worker.py",
+           (("forward_old.append(logprobs.detach())", "forward_old.append(logprobs)"),),
+           (f"{LOOP_METRICS}::test_one_optimizer_step_scores_the_old_policy_in_its_train_forward",)),
+    Mutant("old_logprobs_from_updated_weights", "a train call of several optimizer steps takes each step's old "
+           "logprobs from its own forward: later steps' ratios are 1 against already-updated weights",
+           "posttrain/models/policy/base_policy_worker.py",
+           (("from_forward = scores_old and len(batch) <= gbs", "from_forward = scores_old"),),
+           (f"{LOOP_METRICS}::test_grpo_train_step_metrics_equal_an_independent_replay",)),
     Mutant("padding_ratio_not_masked", "padding's log-ratio is exponentiated before masking: exp(inf) * 0 = NaN",
            "posttrain/algorithms/loss_functions.py",
            (('torch.where(mask > 0, logprobs - data["old_logprobs"], torch.zeros_like(logprobs))',

@@ -67,6 +67,9 @@ class PolicyWorkerBase:
     model: Any  # a torch module; typed Any so each backend keeps its own model class's methods
     reference: Any
     weight_version: int
+    # [B, L] logprobs of the last train call's batch under the weights that call started from
+    # (None: its loss reads none); see ``train``.
+    old_logprobs: torch.Tensor | None = None
 
     @contextlib.contextmanager
     def _scoring_model(self, reference: bool) -> Iterator[torch.nn.Module]:
@@ -107,20 +110,14 @@ class PolicyWorkerBase:
             model.train(was_training)
         return torch.cat(chunks).cpu()
 
-    def get_old_and_reference_logprobs(self, batch: TokenBatch,
-                                       with_reference: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(old, reference)``: :meth:`get_logprobs` of the current policy and, when
-        ``with_reference``, of the reference policy (else None) - one call for both, so a GRPO
-        step asks the worker once."""
-        old = self.get_logprobs(batch)
-        return old, self.get_logprobs(batch, reference=True) if with_reference else None
-
     def train_step(self, batch: TokenBatch, extra: dict[str, torch.Tensor],
-                   loss_fn: LossFn) -> tuple[Metrics, int, float]:
+                   loss_fn: LossFn) -> tuple[Metrics, int, float, torch.Tensor | None]:
         """:meth:`train`, then what the driver asks next, in the same call: ``(metrics,
-        weight_version after the step, peak resident memory GiB)``."""
+        weight_version after the step, peak resident memory GiB, old logprobs)``, the last
+        :attr:`old_logprobs` (``[B, L]`` float32 on the CPU, or None)."""
         metrics = self.train(batch, extra, loss_fn)
-        return metrics, self.weight_version, peak_rss_gib()
+        old = self.old_logprobs.cpu() if self.old_logprobs is not None else None
+        return metrics, self.weight_version, peak_rss_gib(), old
 
     def put_weights(self, probe: TokenBatch | None = None,
                     cuda_ipc: bool = False) -> tuple[list[Any], torch.Tensor | None]:
@@ -206,6 +203,16 @@ class PolicyWorkerBase:
         """Optimizer steps over ``batch`` in global batches of ``train_global_batch_size`` rows,
         each accumulated over micro-batches of ``train_micro_batch_size`` rows.
 
+        The old logprobs (the policy the call starts from, the denominator of the PPO ratio)
+        are scored here when the loss reads them (``loss_fn.uses_old_logprobs``) and ``extra``
+        has none: when the call is one optimizer step, they are the train forward's own
+        logprobs, detached (the weights do not change before the step, so a separate scoring
+        pass would compute the same numbers; TRL's ``GRPOTrainer`` does the same at one
+        generation per step); with several optimizer steps, a no-grad pass over the whole
+        batch scores them first, as later steps start from updated weights. Either way they
+        are kept in :attr:`old_logprobs` (``[B, L]`` float32) for the driver's engine-trainer
+        comparison, also when ``extra`` brings its own (behaviour logprobs of off-policy samples).
+
         Args:
             batch: the rows to train on, B of them.
             extra: per-row tensors the loss reads (``[B]`` or ``[B, L]``), e.g. advantages.
@@ -223,8 +230,14 @@ class PolicyWorkerBase:
         lr = self._next_lr()  # the lr of this call's first optimizer step
         steps: list[Metrics] = []
         skipped = 0
+        scores_old = getattr(loss_fn, "uses_old_logprobs", False)
+        from_forward = scores_old and len(batch) <= gbs  # one optimizer step: old = this forward's
+        self.old_logprobs = self.get_logprobs(batch) if scores_old and not from_forward else None
         batch = batch.to(self.device)
         extra = {k: v.to(self.device) for k, v in extra.items()}
+        if self.old_logprobs is not None and "old_logprobs" not in extra:
+            extra["old_logprobs"] = self.old_logprobs.to(self.device)
+        forward_old: list[torch.Tensor] = []
         for g_start in range(0, len(batch), gbs):
             rows = slice(g_start, g_start + gbs)
             num_tokens = max(batch.completion_mask[rows].sum().item(), 1.0)
@@ -237,6 +250,9 @@ class PolicyWorkerBase:
                 width = mb.completion_mask.shape[1]
                 logprobs = compute_logprobs(logits, mb.input_ids, mb.prompt_lens, width, self.cfg.temperature)
                 data = {"completion_mask": mb.completion_mask, **{k: v[mrows] for k, v in extra.items()}}
+                if from_forward:
+                    forward_old.append(logprobs.detach())
+                    data.setdefault("old_logprobs", forward_old[-1])
                 loss, metrics = loss_fn(logprobs, data, num_tokens)
                 loss.backward()
                 with torch.no_grad():
@@ -248,6 +264,8 @@ class PolicyWorkerBase:
                 skipped += 1
             step_metrics["grad_norm"] = grad_norm
             steps.append(step_metrics)
+        if forward_old:
+            self.old_logprobs = torch.cat(forward_old)
         self.weight_version += 1
         out = {k: (min if k.endswith("_min") else max if k.endswith("_max") else _mean)([s[k] for s in steps])
                for k in steps[0]}

@@ -18,6 +18,10 @@ class LossFn(Protocol):
     holds the micro-batch's ``completion_mask`` and any per-sample tensors the driver sent.
     Metrics are per-micro-batch contributions: keys ending in ``_min`` / ``_max`` are reduced
     with min / max across micro-batches, all others are summed.
+
+    A loss that reads ``data["old_logprobs"]`` (the policy the train call starts from) says so
+    with a true class attribute ``uses_old_logprobs``: the worker then scores them itself
+    when the driver sends none (see ``PolicyWorkerBase.train``). Without the attribute, none.
     """
 
     def __call__(self, logprobs: torch.Tensor, data: dict[str, torch.Tensor],
@@ -31,13 +35,14 @@ class PolicyInterface(Protocol):
         """``[B, L]`` float32 logprobs of the completion tokens (current or reference policy)."""
         ...
 
-    def get_old_and_reference_logprobs(self, batch: TokenBatch,
-                                       with_reference: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``[B, L]`` logprobs of the current policy and (``with_reference``) the reference, in one call."""
-        ...
-
     def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
         """One training step over ``batch`` (one or more optimizer steps); returns metrics."""
+        ...
+
+    @property
+    def old_logprobs(self) -> torch.Tensor | None:
+        """``[B, L]`` float32 logprobs of the last ``train`` call's batch under the weights it
+        started from, scored by the worker in that call (None: its loss reads none)."""
         ...
 
     def get_weights(self) -> dict[str, torch.Tensor]:

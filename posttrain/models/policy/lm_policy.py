@@ -108,6 +108,7 @@ class Policy:
         # What the workers reported with their last train step (None: ask them).
         self._version: int | None = None
         self._peak_gib: float | None = None
+        self._old_logprobs: torch.Tensor | None = None
         self._gpus: dict[int, tuple[str | None, list[str | None]]] = {}  # id(generation) -> (our GPU, theirs)
         self._broadcast_to: int | None = None  # id of the engine group the broadcast group was set up with
         self.last_broadcast: tuple[int, int] | None = None  # (buckets, bytes) of the last broadcast refit
@@ -124,20 +125,21 @@ class Policy:
         """``[B, L]`` float32 completion logprobs (reference=True: the frozen initial policy)."""
         return self.group.run_all("get_logprobs", batch, reference=reference)[0]
 
-    def get_old_and_reference_logprobs(self, batch: TokenBatch,
-                                       with_reference: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``[B, L]`` float32 logprobs of the current policy and (``with_reference``) of the
-        frozen initial policy, else None: one round trip for both."""
-        return self.group.run_all("get_old_and_reference_logprobs", batch, with_reference)[0]
-
     def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
-        """One training step; see ``PolicyWorkerBase.train``. The weight version and peak
-        memory the workers report with it answer :attr:`weight_version` and
-        :meth:`peak_memory_gib` until the next step, without asking again."""
+        """One training step; see ``PolicyWorkerBase.train``. The weight version, peak memory
+        and old logprobs the workers report with it answer :attr:`weight_version`,
+        :meth:`peak_memory_gib` and :attr:`old_logprobs` until the next step, without asking again."""
         results = self.group.run_all("train_step", batch, extra, loss_fn)
-        metrics, self._version, _ = results[0]
-        self._peak_gib = max(peak for _, _, peak in results)
+        metrics, self._version, _, self._old_logprobs = results[0]
+        self._peak_gib = max(peak for _, _, peak, _ in results)
         return metrics
+
+    @property
+    def old_logprobs(self) -> torch.Tensor | None:
+        """``[B, L]`` float32 logprobs of the last :meth:`train` batch under the weights that
+        step started from (rank 0's; the worker scored them in the train call, see
+        ``PolicyWorkerBase.train``), or None before any train call or when its loss reads none."""
+        return self._old_logprobs
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Current weights (Hugging Face names, CPU tensors in the engine's dtype), fetched to

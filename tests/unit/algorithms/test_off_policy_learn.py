@@ -24,21 +24,21 @@ TRAINER_LOGPROB = -0.5
 
 
 class RecordingPolicy:
-    """Trainer logprobs are all ``TRAINER_LOGPROB`` (reference: -0.7); ``train`` records its inputs."""
+    """Trainer logprobs are all ``TRAINER_LOGPROB`` (reference: -0.7), and so are the old
+    logprobs a train call reports; ``train`` records its inputs, ``get_logprobs`` its questions."""
 
     def __init__(self) -> None:
         self.extra: dict[str, torch.Tensor] = {}
-        self.asked_reference: list[bool] = []
+        self.asked: list[bool] = []  # the ``reference`` argument of each get_logprobs call
+        self.old_logprobs: torch.Tensor | None = None
 
     def get_logprobs(self, batch, reference: bool = False) -> torch.Tensor:
+        self.asked.append(reference)
         return torch.full(batch.completion_mask.shape, -0.7 if reference else TRAINER_LOGPROB)
-
-    def get_old_and_reference_logprobs(self, batch, with_reference: bool):
-        self.asked_reference.append(with_reference)
-        return self.get_logprobs(batch), self.get_logprobs(batch, reference=True) if with_reference else None
 
     def train(self, batch, extra, loss_fn):
         self.extra = extra
+        self.old_logprobs = torch.full(batch.completion_mask.shape, TRAINER_LOGPROB)
         return {"loss": 0.0}
 
 
@@ -73,15 +73,23 @@ def test_off_policy_ratio_is_taken_against_the_behaviour_logprobs() -> None:
 
 
 def test_with_a_cap_the_ratio_uses_the_trainer_and_the_weight_the_behaviour() -> None:
+    """No old logprobs sent: the worker scores the trainer's own (PolicyWorkerBase.train)."""
     extra, _ = learn(ClippedPGLoss(importance_weight_cap=2.0), off_policy=True)
-    assert torch.equal(extra["old_logprobs"], torch.full_like(extra["old_logprobs"], TRAINER_LOGPROB))
-    assert torch.equal(extra["behaviour_logprobs"], behaviour(extra["old_logprobs"].shape[1]))
+    assert "old_logprobs" not in extra
+    assert torch.equal(extra["behaviour_logprobs"], behaviour(extra["behaviour_logprobs"].shape[1]))
 
 
-def test_on_policy_keeps_the_trainer_logprobs() -> None:
-    extra, metrics = learn(ClippedPGLoss(), off_policy=False, version=4)
-    assert torch.equal(extra["old_logprobs"], torch.full_like(extra["old_logprobs"], TRAINER_LOGPROB))
-    assert "train/token_mult_prob_error" in metrics
+def test_on_policy_leaves_the_old_logprobs_to_the_worker() -> None:
+    """On-policy: neither behaviour nor old logprobs are sent (the worker scores the old ones
+    in the train call, no separate pass is asked for), and the engine-trainer error compares
+    the engine with the old logprobs the train call reported."""
+    policy = RecordingPolicy()
+    extra, metrics = learn(ClippedPGLoss(), off_policy=False, version=4, policy=policy)
+    assert set(extra) == {"advantages"}
+    assert policy.asked == []
+    mask = behaviour(3) != 0
+    expected = torch.exp((behaviour(3) - TRAINER_LOGPROB).abs())[mask].mean().item()
+    assert metrics["train/token_mult_prob_error"] == pytest.approx(expected, rel=1e-6)
 
 
 @pytest.mark.parametrize(("version", "reported"), [(4, True), (3, False)])
@@ -96,7 +104,7 @@ def test_the_reference_is_scored_only_when_the_kl_term_needs_it(kl_coef: float) 
     kl_coef > 0: its logprobs reach the loss."""
     policy = RecordingPolicy()
     extra, _ = learn(ClippedPGLoss(kl_coef=kl_coef), off_policy=False, version=4, policy=policy)
-    assert policy.asked_reference == [kl_coef > 0]
+    assert policy.asked == ([True] if kl_coef > 0 else [])
     assert ("ref_logprobs" in extra) is (kl_coef > 0)
     if kl_coef > 0:
-        assert torch.equal(extra["ref_logprobs"], torch.full_like(extra["old_logprobs"], -0.7))
+        assert torch.equal(extra["ref_logprobs"], torch.full_like(extra["ref_logprobs"], -0.7))
