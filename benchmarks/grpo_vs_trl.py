@@ -170,10 +170,15 @@ def posttrain_config(args: argparse.Namespace, warm_start: Path, seed: int, out:
     return load_config(CONFIG, overrides, grpo.GRPOMasterConfig)
 
 
-def run_posttrain(cfg: grpo.GRPOMasterConfig) -> list[float]:
-    """Train; return the step seconds after the start-up steps (the final model is exported to
-    ``checkpoint.save_path``)."""
+def run_posttrain(cfg: grpo.GRPOMasterConfig, phases: dict[str, list[float]]) -> list[float]:
+    """Train; return the step seconds after the start-up steps, and add each phase's seconds
+    (``timing/<phase>``: generation, reward, train, refit, ...) of those steps to ``phases``
+    (the final model is exported to ``checkpoint.save_path``)."""
     metrics = grpo.train(cfg)
+    for key, values in metrics.items():
+        if key.startswith("timing/") and key != "timing/step":
+            phases.setdefault(key.removeprefix("timing/"), []).extend(
+                v for step, v in values.items() if int(step) > SKIP_STEPS)
     return [v for step, v in metrics["timing/step"].items() if int(step) > SKIP_STEPS]
 
 
@@ -312,11 +317,13 @@ def main() -> None:
         before = held_out_accuracy(warm, val, args.threads)
         times: dict[str, list[float]] = {side: [] for side in SIDES}
         after: dict[str, list[float]] = {side: [] for side in SIDES}
+        phases: dict[str, list[float]] = {}
         for i in range(args.rounds):
             for side in SIDES:
                 out = tmp / f"{side}{i}"
                 cfg = posttrain_config(args, warm, args.seed + i, out)
-                times[side] += run_posttrain(cfg) if side == "posttrain" else run_trl(cfg, args.threads, dataset, out)
+                times[side] += (run_posttrain(cfg, phases) if side == "posttrain"
+                                else run_trl(cfg, args.threads, dataset, out))
                 after[side].append(held_out_accuracy(out / "final", val, args.threads))
     print(f"warm start: {args.warm_start or 'trained here (SFT to held-out accuracy 0.35)'}")
     print(
@@ -330,6 +337,8 @@ def main() -> None:
         print(f"{side:<10} {median[side]:>14.3f} {accuracy:>20} {len(times[side]):>12}")
         if args.rounds > 1:
             print(f"{'':<10} accuracy after each round: {', '.join(f'{a:.3f}' for a in after[side])}")
+    print("posttrain median seconds per phase: "
+          + ", ".join(f"{name} {statistics.median(v):.3f}" for name, v in phases.items() if v))
     print(f"posttrain/TRL median step ratio: {median['posttrain'] / median['TRL']:.2f}")
 
 

@@ -1,7 +1,7 @@
 """The policy worker's train step against plain torch on the same model and GPU, side by side.
 
     python benchmarks/train_step_bench.py [--precision bf16-mixed bf16 fp32] [--steps 10]
-        [--rows 8] [--seq-len 1024] [--shape 0.4b|tiny] [--device cuda]
+        [--rows 8] [--seq-len 1024] [--shape 0.4b|tiny] [--device cuda] [--compile]
 
 For each precision, one GRPO train step (``HfPolicyWorkerImpl.train`` with the clipped
 policy-gradient loss: forward, fp32 logprobs, loss, backward, clip, AdamW; plus the
@@ -11,7 +11,10 @@ directory, the same batch, AdamW, gradient clipping, fp32 logprobs from the logi
 ``bf16`` holds the weights in bfloat16 on both sides; ``bf16-mixed`` runs the forward pass
 under bf16 autocast over fp32 weights and optimizer state; ``fp32`` holds and computes in
 float32 with TF32 matmuls on both sides. The two alternate step by step (after 2 warm-up
-steps each), so clock and thermal drift hit both.
+steps each), so clock and thermal drift hit both. ``--compile`` compiles both models' forward
+(``policy.compile=true`` on the worker, ``nn.Module.compile`` on the plain model); the
+compilation happens in the warm-up steps. Both sides use torch's fused AdamW, as the
+worker does.
 
 Prints tokens/s, MFU and the posttrain/plain ratio per precision. MFU counts 6 x parameters
 FLOPs per token (forward and backward; attention left out) against 989 TFLOP/s, the H100
@@ -70,13 +73,15 @@ def make_inputs(rows: int, seq_len: int, vocab: int) -> tuple[TokenBatch, torch.
 class PlainTorchStep:
     """The reference: transformers + torch, no posttrain code on the timed path."""
 
-    def __init__(self, path: Path, precision: str, device: str, lr: float):
+    def __init__(self, path: Path, precision: str, device: str, lr: float, compile_: bool = False):
         from transformers import AutoModelForCausalLM
 
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).train()  # type: ignore[arg-type]
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        if compile_:
+            self.model.compile()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, fused=True)
         self.autocast = precision == "bf16-mixed"
         self.device = device
 
@@ -102,12 +107,11 @@ def bench(path: Path, params: int, precision: str, args: argparse.Namespace) -> 
     batch, advantages = make_inputs(rows, args.seq_len, vocab)
     cfg = PolicyWorkerConfig.model_validate({"precision": precision, "device": args.device, "lr": 1e-6,
                                              "train_global_batch_size": rows, "train_micro_batch_size": rows,
-                                             "logprob_batch_size": rows})
+                                             "logprob_batch_size": rows, "compile": args.compile,
+                                             "reference": False})
     worker = HfPolicyWorkerImpl(str(path), cfg)
-    worker.reference = None  # the reference copy is not used by a train step: leave memory to the step
-    plain = PlainTorchStep(path, precision, args.device, lr=1e-6)
-    old = worker.get_logprobs(batch)
-    extra = {"advantages": advantages, "old_logprobs": old}
+    plain = PlainTorchStep(path, precision, args.device, lr=1e-6, compile_=args.compile)
+    extra = {"advantages": advantages}  # as the GRPO loop sends: one optimizer step scores its own old logprobs
     loss = ClippedPGLoss()
     times: dict[str, list[float]] = {"posttrain": [], "plain": []}
     steps = {"posttrain": lambda: worker.train(batch, extra, loss), "plain": lambda: plain(batch, advantages)}
@@ -134,11 +138,13 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--shape", default="0.4b", choices=sorted(SHAPES))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--compile", action="store_true", help="compile both models' forward (torch.compile)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         params = build_model(args.shape, Path(tmp))
         name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-        print(f"{params / 1e9:.2f}B parameters, {args.rows} x {args.seq_len} tokens per step, {name}")
+        compiled = ", compiled forward" if args.compile else ""
+        print(f"{params / 1e9:.2f}B parameters, {args.rows} x {args.seq_len} tokens per step, {name}{compiled}")
         print(f"{'precision':<11} {'posttrain tok/s':>16} {'MFU':>6} {'plain torch tok/s':>18} {'MFU':>6} "
               f"{'ratio':>6}")
         ratios = []

@@ -133,6 +133,9 @@ class PolicyConfig(Section):
     train_micro_batch_size: int = Field(64, ge=1, description="rows per forward/backward")
     logprob_batch_size: int = Field(128, ge=1)
     num_threads: int = Field(1, ge=1, description="torch CPU threads of the worker")
+    compile: bool = Field(False, description="hf backend: torch.compile the trained model's forward in place "
+                          "(fused kernels: ~1.5x tokens/s on an H100 at 0.39B; costs compile time at the first "
+                          "steps and again for each new sequence-length bucket)")
 
     @model_validator(mode="after")
     def _micro_fits_global(self) -> PolicyConfig:
@@ -151,6 +154,13 @@ class PolicyConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _compile_on_hf_only(self) -> PolicyConfig:
+        if self.compile and self.backend != "hf":
+            raise ValueError(f"compile=true needs backend=hf (it compiles a transformers model), got "
+                             f"backend={self.backend}")
+        return self
+
+    @model_validator(mode="after")
     def _lora_on_hf_only(self) -> PolicyConfig:
         if self.lora.rank > 0 and self.backend != "hf":
             raise ValueError(f"lora.rank={self.lora.rank} needs backend=hf (LoRA is built on peft over a "
@@ -160,17 +170,21 @@ class PolicyConfig(Section):
 
 class PolicyWorkerConfig(PolicyConfig):
     """What a policy worker is built with, across the Ray boundary: the ``policy`` section plus
-    two facts of the run - the sampling temperature (logprobs are computed at it, so engine
-    and trainer score alike) and the torch device of the worker's model."""
+    three facts of the run - the sampling temperature (logprobs are computed at it, so engine
+    and trainer score alike), the torch device of the worker's model, and whether the loss
+    needs a reference policy."""
 
     temperature: float = Field(1.0, gt=0, description="generation.temperature")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cuda when the workers hold GPUs")
+    reference: bool = Field(True, description="keep a frozen copy of the initial policy, the KL term's reference "
+                            "(false for a run that never scores it: GRPO at kl_coef 0, SFT)")
 
     @classmethod
-    def of(cls, policy: PolicyConfig, temperature: float, device: str) -> PolicyWorkerConfig:
-        """``policy`` with the run's ``temperature`` and ``device`` (workers read the precision
-        as :attr:`resolved_precision`)."""
-        return cls.model_validate({**policy.model_dump(), "temperature": temperature, "device": device})
+    def of(cls, policy: PolicyConfig, temperature: float, device: str, reference: bool = True) -> PolicyWorkerConfig:
+        """``policy`` with the run's ``temperature``, ``device`` and whether it needs a
+        ``reference`` policy (workers read the precision as :attr:`resolved_precision`)."""
+        return cls.model_validate({**policy.model_dump(), "temperature": temperature, "device": device,
+                                   "reference": reference})
 
     @property
     def resolved_precision(self) -> Precision:

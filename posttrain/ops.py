@@ -84,6 +84,27 @@ def compute_logprobs(
     return torch.log_softmax(selected, dim=-1).gather(-1, targets[:, :, None]).squeeze(-1)
 
 
+def compute_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor, prompt_lens: torch.Tensor,
+                                 completion_len: int, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`compute_logprobs` (with grad) and :func:`compute_entropy` (without) from one
+    ``log_softmax`` over the completion positions: a train step needs both, and the
+    ``[B, L, V]`` float32 pass is the largest memory-bound op of a step at a large vocabulary.
+
+    Returns:
+        ``([B, L] logprobs, [B, L] entropies)``, float32, as the two functions return them.
+
+    Raises:
+        ValueError: as :func:`compute_logprobs`.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    logp = torch.log_softmax(completion_logits(logits, prompt_lens, completion_len).float() / temperature, dim=-1)
+    targets = input_ids.gather(1, completion_positions(prompt_lens, completion_len, input_ids.shape[1]))
+    with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)
+    return logp.gather(-1, targets[:, :, None]).squeeze(-1), entropy
+
+
 def compute_entropy(logits: torch.Tensor, prompt_lens: torch.Tensor, completion_len: int,
                     temperature: float = 1.0) -> torch.Tensor:
     """Entropy (nats) of the sampling distribution ``softmax(logits / T)`` at each completion

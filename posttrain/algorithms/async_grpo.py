@@ -122,7 +122,8 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
                             importance_weight_cap=acfg.importance_weight_cap)
     staleness_filter = StalenessFilter(acfg.max_staleness)
     timer = Timer()
-    with open_run(cfg, cfg.grpo.seed, cfg.grpo.num_steps, "GRPO (async)") as (rt, logger, resumed_at):
+    with open_run(cfg, cfg.grpo.seed, cfg.grpo.num_steps, "GRPO (async)",
+                  with_reference=cfg.grpo.kl_coef > 0) as (rt, logger, resumed_at):
         if resumed_at == 0:
             logger.log(validate(rt, val_problems, cfg), step=0)
         buffer = start_rollout_buffer(capacity)

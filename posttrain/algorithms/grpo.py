@@ -241,7 +241,8 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
     loss_fn = ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef)
     sampler = EpochSampler(train_problems, cfg.grpo.num_prompts_per_step, cfg.grpo.seed)
     timer = Timer()
-    with open_run(cfg, cfg.grpo.seed, cfg.grpo.num_steps, "GRPO") as (rt, logger, resumed_at):
+    with open_run(cfg, cfg.grpo.seed, cfg.grpo.num_steps, "GRPO",
+                  with_reference=cfg.grpo.kl_coef > 0) as (rt, logger, resumed_at):
         if resumed_at == 0:
             logger.log(validate(rt, val_problems, cfg), step=0)
         for step in range(resumed_at + 1, cfg.grpo.num_steps + 1):

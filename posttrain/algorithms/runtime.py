@@ -89,9 +89,12 @@ def resolve_model_path(cfg: ModelConfig) -> str:
 
 
 def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: GenerationConfig,
-                  cluster: ClusterConfig, seed: int, with_generation: bool = True) -> Runtime:
+                  cluster: ClusterConfig, seed: int, with_generation: bool = True,
+                  with_reference: bool = True) -> Runtime:
     """Start Ray, reserve the bundles, place the policy and (``with_generation``) the
     generation backend; without it no engine starts and nothing is reserved for one.
+    ``with_reference=False``: the policy keeps no frozen reference copy (a run whose loss
+    never scores it; it saves a model's worth of memory).
 
     The backend is ``generation.backend`` resolved (``auto``: vLLM when installed). The
     policy takes bundle 0 (and one more per extra tensor-parallel rank of a Megatron
@@ -108,7 +111,7 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     """
     from transformers import AutoTokenizer
 
-    worker_cfg = PolicyWorkerConfig.of(policy, generation.temperature, cluster.device)
+    worker_cfg = PolicyWorkerConfig.of(policy, generation.temperature, cluster.device, with_reference)
     check_backend(worker_cfg, cluster.gpus_per_worker)
     model_path = resolve_model_path(model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -164,8 +167,8 @@ def describe_policy(policy: PolicyConfig, workers: Policy | None = None) -> str:
 
 
 @contextlib.contextmanager
-def open_run(cfg: RunConfig, seed: int, num_steps: int, name: str,
-             with_generation: bool = True) -> Iterator[tuple[Runtime, MetricsLogger, int]]:
+def open_run(cfg: RunConfig, seed: int, num_steps: int, name: str, with_generation: bool = True,
+             with_reference: bool = True) -> Iterator[tuple[Runtime, MetricsLogger, int]]:
     """The runtime, the metrics logger and the last finished step of one training run (0 for
     a fresh run; N when it resumes from checkpoint ``step_N``: the policy, the engine and the
     RNGs are restored, the logger continues after N), torn down however it ends.
@@ -173,13 +176,14 @@ def open_run(cfg: RunConfig, seed: int, num_steps: int, name: str,
     On a normal exit the final policy is saved to ``cfg.checkpoint.save_path`` (when set);
     on any exit the logger is closed and the workers and their reservation are released.
     ``num_steps`` and ``name`` (e.g. "GRPO") drive the console's progress (bar and ETA).
-    ``with_generation=False``: no engine starts (a run that never generates).
+    ``with_generation=False``: no engine starts (a run that never generates);
+    ``with_reference=False``: the policy keeps no reference copy (a loss without a KL term).
 
     Raises:
         ConfigError: ``checkpoint.resume`` names a path that is not a complete checkpoint.
     """
     resume_from = checkpointing.find_resume(cfg.checkpoint)
-    rt = setup_runtime(cfg.model, cfg.policy, cfg.generation, cfg.cluster, seed, with_generation)
+    rt = setup_runtime(cfg.model, cfg.policy, cfg.generation, cfg.cluster, seed, with_generation, with_reference)
     try:
         start = 0
         if resume_from is not None:

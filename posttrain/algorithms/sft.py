@@ -71,7 +71,7 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
     timer = Timer()
     # An engine only when validation generates: SFT itself never samples.
     with open_run(cfg, cfg.sft.seed, cfg.sft.num_steps, "SFT",
-                  with_generation=cfg.sft.val_accuracy) as (rt, logger, resumed_at):
+                  with_generation=cfg.sft.val_accuracy, with_reference=False) as (rt, logger, resumed_at):
         val_batch = sft_batch(rt.chat, val_problems[: cfg.sft.val_loss_size])
         if resumed_at == 0:
             metrics = validate(rt, val_batch, val_problems, cfg)

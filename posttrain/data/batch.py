@@ -15,10 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-# Steps of 1.5x and 1.33x alternately (powers of two and the halves between them): a batch is
-# padded by at most half its longest sequence, not twice it (GRPO on 2-digit addition: 10
-# tokens padded to 12, not 16; every forward and backward pass pays for the padding).
-DEFAULT_SEQ_LEN_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+# Quarter steps between powers of two (8, 10, 12, 14, 16, 20, 24, 28, 32, 40, ...): a batch is
+# padded by at most a quarter of its longest sequence (GRPO on 2-digit addition: 10 tokens stay
+# 10, where half steps padded them to 12 and powers of two to 16; every forward and backward
+# pass pays for the padding), while the shapes a model sees stay few (4 per octave; multiples
+# of 8 from 32 up).
+DEFAULT_SEQ_LEN_BUCKETS = (8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256,
+                           320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048)
 DEFAULT_COMPLETION_LEN_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 

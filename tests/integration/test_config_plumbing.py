@@ -654,6 +654,10 @@ PROVEN_ELSEWHERE: dict[str, str] = {
     "grpo.async.importance_weight_cap": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
     "grpo.async.claim_timeout_s": ASYNC + "test_a_claim_timeout_is_one_line_naming_the_key",
     # the broadcast needs its members to run at once: real Ray (in-process runs use object_store)
+    # a compiled forward needs a C compiler on a CPU (inductor); the loop hands every policy key
+    # to the worker unchanged (PolicyWorkerConfig.of), the worker test observes the compile
+    "policy.compile": "tests/unit/models/policy/test_compile.py::"
+                      "test_policy_compile_compiles_the_trained_models_forward",
     "generation.refit_transport": BROADCAST + "test_refit_transport_object_store_sends_no_broadcast",
     "generation.refit_bucket_mb": BROADCAST + "test_a_cpu_refit_is_a_broadcast_in_buckets_and_every_engine_serves_"
                                               "the_new_weights",

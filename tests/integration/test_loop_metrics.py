@@ -215,6 +215,15 @@ def test_one_optimizer_step_scores_the_old_policy_in_its_train_forward(one_step_
     assert max_weight_gap(final, train_calls[0].weights_before) > 1e-3  # it learned: the check has teeth
 
 
+def test_the_reference_copy_is_kept_only_for_a_kl_term(grpo_run, one_step_run, sft_run) -> None:
+    """kl_coef > 0 keeps the frozen initial policy; kl_coef 0 and SFT hold no copy of it
+    (a model's worth of memory) and never ask for reference logprobs."""
+    for run, kept in ((grpo_run[0], True), (one_step_run[0], False), (sft_run[0], False)):
+        assert (run.workers("policy")[0].impl.reference is not None) is kept
+        if not kept:
+            assert not [c for c in run.calls("policy", "get_logprobs") if c.kwargs.get("reference")]
+
+
 def test_grpo_reference_logprobs_are_the_initial_policys(grpo_run) -> None:
     from transformers import AutoModelForCausalLM
 

