@@ -419,7 +419,7 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{ROLLOUT_TESTS}/test_fan_out.py",), klass="async"),
     Mutant("ratio_uses_trainer_logprobs", "off-policy samples are trained as if the trainer had sampled them",
            "posttrain/algorithms/grpo.py",
-           (("        elif off_policy:\n", "        elif False:\n"),),
+           (("    elif off_policy:\n", "    elif False:\n"),),
            ("tests/unit/algorithms/test_off_policy_learn.py",), klass="async"),
     Mutant("producer_runs_too_far_ahead", "the producer samples one step further ahead than max_staleness allows",
            "posttrain/algorithms/rollout_producer.py",
