@@ -2,9 +2,8 @@
 
 import pytest
 import torch
-from unit.models.generation.refit_helpers import max_logprob_gap, shared_prefix_prompts, train_step
+from unit.models.generation.refit_helpers import answer_nll, max_logprob_gap, shared_prefix_prompts, train_step
 
-from posttrain.algorithms.loss_functions import NLLLoss
 from posttrain.algorithms.runtime import refit
 from posttrain.data.batch import make_batch
 from posttrain.models.generation.interfaces import SamplingParams
@@ -12,22 +11,6 @@ from posttrain.models.generation.interfaces import SamplingParams
 # Shared prefix of the long prompts: vLLM's CPU KV block (128 tokens) and more, so these are
 # the prompts that the vLLM tier's prefix-cache test serves from a cache.
 PREFIX_TOKENS = 136
-
-
-def _answer_batch(rt, answer: str):
-    pairs = [rt.chat.sft_example(f"{a}+1=", answer) for a in range(16)]
-    return make_batch([p for p, _ in pairs], [c for _, c in pairs], rt.tokenizer.pad_token_id)
-
-
-def _train_once(rt, answer: str = "77"):
-    return rt.policy.train(_answer_batch(rt, answer), {}, NLLLoss())
-
-
-def _nll(rt, answer: str = "77") -> float:
-    """Token-mean NLL of the answers under the policy's current weights (after its last step;
-    a train call's own loss is measured before its update, which at lr 1e-2 can overshoot)."""
-    batch = _answer_batch(rt, answer)
-    return float(-rt.policy.get_logprobs(batch)[batch.completion_mask.bool()].mean())
 
 
 def _greedy(rt, prompts):
@@ -42,10 +25,10 @@ def test_refit_changes_generation_and_versions_agree(hf_runtime):
     steps = 0
     while steps < 60:  # memorize "77" (takes a few dozen steps)
         steps += 1
-        _train_once(rt)
-        if _nll(rt) < 0.05:
+        train_step(rt)
+        if answer_nll(rt) < 0.05:
             break
-    assert _nll(rt) < 0.05
+    assert answer_nll(rt) < 0.05
     # Not yet refit: the engine still generates with its old weights.
     assert _greedy(rt, prompts).completion_ids == before.completion_ids
     refit(rt.policy, rt.generation)
@@ -67,7 +50,7 @@ def test_engine_logprobs_match_trainer_after_refit_and_not_before(hf_runtime):
     trainer = rt.policy.get_logprobs(batch)
     mask = batch.completion_mask.bool()
     assert (engine - trainer)[mask].abs().max() < 1e-4
-    _train_once(rt, answer="5")  # trainer moves on, engine is stale
+    train_step(rt, answer="5")  # trainer moves on, engine is stale
     stale = rt.policy.get_logprobs(batch)
     assert (engine - stale)[mask].abs().max() > 1e-2
 
@@ -78,7 +61,7 @@ def test_refit_with_stale_version_raises(hf_runtime, monkeypatch):
     # whose receivers never run would leave its sender waiting)
     monkeypatch.setattr(rt.policy, "refit_transport", lambda generation: "object_store")
     monkeypatch.setattr(rt.generation, "update_weights", lambda weights, version: None)
-    _train_once(rt)
+    train_step(rt)
     with pytest.raises(RuntimeError, match="refit failed: generation engine at weight version"):
         refit(rt.policy, rt.generation)
 

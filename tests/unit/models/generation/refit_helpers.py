@@ -10,11 +10,23 @@ from posttrain.algorithms.loss_functions import NLLLoss
 from posttrain.data.batch import make_batch
 
 
+def answer_batch(rt: Any, answer: str = "77") -> Any:
+    """16 SFT rows answering ``answer`` to "a+1=" (a = 0..15)."""
+    pairs = [rt.chat.sft_example(f"{a}+1=", answer) for a in range(16)]
+    return make_batch([p for p, _ in pairs], [c for _, c in pairs], rt.tokenizer.pad_token_id)
+
+
 def train_step(rt: Any, answer: str = "77") -> dict[str, float]:
     """One NLL step towards answering ``answer`` to "a+1=": the weights move measurably."""
-    pairs = [rt.chat.sft_example(f"{a}+1=", answer) for a in range(16)]
-    batch = make_batch([p for p, _ in pairs], [c for _, c in pairs], rt.tokenizer.pad_token_id)
-    return rt.policy.train(batch, {}, NLLLoss())
+    return rt.policy.train(answer_batch(rt, answer), {}, NLLLoss())
+
+
+def answer_nll(rt: Any, answer: str = "77") -> float:
+    """Token-mean NLL of :func:`answer_batch` under the policy's current weights: what a
+    memorization loop stops on (a train call's own loss is measured before its update,
+    which at lr 1e-2 can overshoot, so the weights a refit then sends may not have learned)."""
+    batch = answer_batch(rt, answer)
+    return float(-rt.policy.get_logprobs(batch)[batch.completion_mask.bool()].mean())
 
 
 class DropOneTensor:
