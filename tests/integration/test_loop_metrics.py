@@ -120,19 +120,26 @@ def group_advantages(rewards: list[float], group_size: int) -> list[float]:
     return out
 
 
-@pytest.fixture(scope="module")
-def grpo_run(tiny_model_path, tmp_path_factory, tokenizer):
+def run_grpo(model_path, log_dir, tokenizer, *overrides: str):
+    """A 3-step in-process GRPO run (4 prompts x 4 completions, lr 1e-2) under ``engine_transforms``
+    and the low-digit reward, with ``overrides`` on top."""
     with pytest.MonkeyPatch.context() as mp:
         from in_process import InProcess
 
         mp.setattr(grpo, "math_reward", low_digit_reward)
-        overrides = [f"model.path={tiny_model_path}", f"logger.log_dir={tmp_path_factory.mktemp('grpo')}",
-                     "grpo.num_steps=3", "grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=4",
-                     "generation.max_new_tokens=6", "data.arithmetic.num_val=9", "grpo.val_period=0",
-                     "policy.lr=1e-2", "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2",
-                     "grpo.kl_coef=0.5", "generation.refit_probe.max_logprob_error=0.1"]
-        run = InProcess(mp).run(grpo, GRPO_YAML, overrides, engine_transforms(tokenizer))
-        yield run, run.cfg, tiny_model_path
+        base = [f"model.path={model_path}", f"logger.log_dir={log_dir}",
+                "grpo.num_steps=3", "grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=4",
+                "generation.max_new_tokens=6", "data.arithmetic.num_val=9", "grpo.val_period=0",
+                "policy.lr=1e-2", "generation.refit_probe.max_logprob_error=0.1"]
+        return InProcess(mp).run(grpo, GRPO_YAML, base + list(overrides), engine_transforms(tokenizer))
+
+
+@pytest.fixture(scope="module")
+def grpo_run(tiny_model_path, tmp_path_factory, tokenizer):
+    """Several optimizer steps per train call, with a KL term."""
+    run = run_grpo(tiny_model_path, tmp_path_factory.mktemp("grpo"), tokenizer, "policy.train_global_batch_size=4",
+                   "policy.train_micro_batch_size=2", "grpo.kl_coef=0.5")
+    return run, run.cfg, tiny_model_path
 
 
 def test_grpo_train_step_metrics_equal_an_independent_replay(grpo_run) -> None:
@@ -167,17 +174,9 @@ def test_grpo_train_step_metrics_equal_an_independent_replay(grpo_run) -> None:
 def one_step_run(tiny_model_path, tmp_path_factory, tokenizer):
     """GRPO as TRL's trainer runs it: each train call one optimizer step over the whole batch
     (on-policy, kl_coef 0), so the worker takes the old logprobs from its train forward."""
-    with pytest.MonkeyPatch.context() as mp:
-        from in_process import InProcess
-
-        mp.setattr(grpo, "math_reward", low_digit_reward)
-        overrides = [f"model.path={tiny_model_path}", f"logger.log_dir={tmp_path_factory.mktemp('grpo1')}",
-                     "grpo.num_steps=3", "grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=4",
-                     "generation.max_new_tokens=6", "data.arithmetic.num_val=9", "grpo.val_period=0",
-                     "policy.lr=1e-2", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=8",
-                     "grpo.kl_coef=0", "generation.refit_probe.max_logprob_error=0.1"]
-        run = InProcess(mp).run(grpo, GRPO_YAML, overrides, engine_transforms(tokenizer))
-        yield run, run.cfg, tiny_model_path
+    run = run_grpo(tiny_model_path, tmp_path_factory.mktemp("grpo1"), tokenizer, "policy.train_global_batch_size=16",
+                   "policy.train_micro_batch_size=8", "grpo.kl_coef=0")
+    return run, run.cfg, tiny_model_path
 
 
 def test_one_optimizer_step_scores_the_old_policy_in_its_train_forward(one_step_run) -> None:
