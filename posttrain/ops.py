@@ -101,8 +101,13 @@ def compute_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor, 
     logp = torch.log_softmax(completion_logits(logits, prompt_lens, completion_len).float() / temperature, dim=-1)
     targets = input_ids.gather(1, completion_positions(prompt_lens, completion_len, input_ids.shape[1]))
     with torch.no_grad():
-        entropy = -(logp.exp() * logp).sum(-1)
+        entropy = _entropy(logp)
     return logp.gather(-1, targets[:, :, None]).squeeze(-1), entropy
+
+
+def _entropy(logp: torch.Tensor) -> torch.Tensor:
+    """``-sum_v p_v log p_v`` over the last dimension of log-probabilities ``logp``."""
+    return -(logp.exp() * logp).sum(-1)
 
 
 def compute_entropy(logits: torch.Tensor, prompt_lens: torch.Tensor, completion_len: int,
@@ -125,7 +130,7 @@ def compute_entropy(logits: torch.Tensor, prompt_lens: torch.Tensor, completion_
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     logp = torch.log_softmax(completion_logits(logits, prompt_lens, completion_len).float() / temperature, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    return _entropy(logp)
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
