@@ -108,3 +108,17 @@ def test_the_reference_is_scored_only_when_the_kl_term_needs_it(kl_coef: float) 
     assert ("ref_logprobs" in extra) is (kl_coef > 0)
     if kl_coef > 0:
         assert torch.equal(extra["ref_logprobs"], torch.full_like(extra["ref_logprobs"], -0.7))
+
+
+def test_a_train_call_that_reports_no_old_logprobs_stops_the_step() -> None:
+    """The engine-trainer error needs the trainer's old logprobs: a policy that reports none
+    (a worker that skipped scoring them) fails the step in one line, not a silently missing metric."""
+
+    class Silent(RecordingPolicy):
+        def train(self, batch, extra, loss_fn):
+            super().train(batch, extra, loss_fn)
+            self.old_logprobs = None
+            return {"loss": 0.0}
+
+    with pytest.raises(RuntimeError, match="reported no old logprobs"):
+        learn(ClippedPGLoss(), off_policy=False, version=4, policy=Silent())
