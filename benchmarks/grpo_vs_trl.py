@@ -69,10 +69,11 @@ Remaining differences between the two jobs:
   - each side draws its own prompt order (posttrain's ``EpochSampler``, TRL's ``RepeatSampler``,
     both seeded) and its own sampling stream: same distribution, not the same prompts per step.
   - advantages divide by ``std + 1e-6`` (posttrain) or ``std + 1e-4`` (TRL).
-  - posttrain's step also scores the batch twice without gradient (the old and the reference
-    logprobs; TRL, on-policy and with ``beta=0``, takes the detached current logprobs instead),
-    copies the weights to its generation worker (refit) and checks the copy with the weight-sync
-    probe; TRL samples from the model it trains, and computes per-token entropies in its loss.
+  - posttrain's step also copies the weights to its generation worker (refit, a gloo broadcast
+    between the two processes) and checks the copy with the weight-sync probe (16 fixed
+    sequences scored on both sides); TRL samples from the model it trains. Both take the old
+    logprobs from the train forward (detached) and compute no reference logprobs at ``beta=0``;
+    both compute per-token entropies.
   - posttrain generates and trains in two Ray worker processes (one at a time, synchronous
     loop); TRL does both in this process.
 """

@@ -17,7 +17,7 @@ import torch
 from posttrain.config import Precision, RefitProbeConfig
 from posttrain.data.batch import TokenBatch, make_batch
 from posttrain.errors import RefitProbeError
-from posttrain.models.generation.interfaces import Generation
+from posttrain.models.generation.interfaces import Generation, ProbeRequest
 from posttrain.models.policy.interfaces import PolicyInterface
 from posttrain.ops import masked_mean
 
@@ -87,18 +87,32 @@ class RefitProbe:
         """The probe sequences as the trainer scores them."""
         return make_batch(self.prompts, self.completions, self.pad_id)
 
-    def measure(self, policy: PolicyInterface, generation: Generation,
-                trainer: torch.Tensor | None = None) -> dict[str, float]:
+    @property
+    def request(self) -> ProbeRequest:
+        """The probe sequences as the engines score them (``Generation.update_weights``)."""
+        return ProbeRequest(self.prompts, self.completions, self.temperature)
+
+    def measure(self, policy: PolicyInterface, generation: Generation, trainer: torch.Tensor | None = None,
+                engine_rows: list[list[float]] | None = None) -> dict[str, float]:
         """Score the probe on both sides; the two ``train/refit_*`` metrics of :func:`probe_errors`.
 
         Args:
             trainer: the trainer's ``[B, L]`` logprobs of :attr:`batch` when already scored
                 (by ``Policy.put_weights`` in a refit); else the policy is asked.
+            engine_rows: the engines' scores of :attr:`request`, one row per sequence, when
+                already scored (a refit's ``RefitReceipt``); else the engines are asked.
+
+        Raises:
+            ValueError: ``engine_rows`` does not hold one row per probe sequence.
         """
         batch = self.batch
         trainer = policy.get_logprobs(batch) if trainer is None else trainer  # [B, L]
+        if engine_rows is None:
+            engine_rows = generation.score(self.prompts, self.completions, self.temperature)
+        if len(engine_rows) != len(self.prompts):
+            raise ValueError(f"the engines scored {len(engine_rows)} probe rows, the probe has {len(self.prompts)}")
         engine = torch.zeros_like(trainer)
-        for b, row in enumerate(generation.score(self.prompts, self.completions, self.temperature)):
+        for b, row in enumerate(engine_rows):
             engine[b, : len(row)] = torch.tensor(row, dtype=engine.dtype)
         return probe_errors(engine, trainer, batch.completion_mask)
 

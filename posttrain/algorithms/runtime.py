@@ -213,7 +213,9 @@ def refit(policy: PolicyInterface, generation: Generation, probe: RefitProbe | N
     copy device to device; otherwise the policy worker broadcasts them to the engines (NCCL
     between GPUs, gloo between CPUs; ``Policy.broadcast_weights``), or, where neither can
     be used, puts them into Ray's object store and the driver passes the reference on
-    (``Policy.put_weights``). The trainer scores the probe in the same call as it sends.
+    (``Policy.put_weights``). The trainer scores the probe in the same call as it sends; the
+    engines read their version back and score the probe in the same call as they load
+    (``RefitReceipt``): one exchange per side, and over a broadcast the two score at once.
 
     Returns:
         The probe's ``train/refit_logprob_error`` and ``train/refit_token_mult_prob_error``
@@ -226,19 +228,18 @@ def refit(policy: PolicyInterface, generation: Generation, probe: RefitProbe | N
     """
     version = policy.weight_version
     transport = policy.refit_transport(generation)
-    probe_batch = probe.batch if probe is not None else None
+    probe_batch, probe_request = (probe.batch, probe.request) if probe is not None else (None, None)
     if transport == "broadcast":
-        trainer_probe = policy.broadcast_weights(generation, version, probe_batch)
+        trainer_probe, receipt = policy.broadcast_weights(generation, version, probe_batch, probe_request)
     else:
         weights, trainer_probe = policy.put_weights(probe_batch, cuda_ipc=transport == "cuda_ipc")
-        generation.update_weights(weights, version)
+        receipt = generation.update_weights(weights, version, probe_request)
         del weights  # the engines hold their copies: the object store may free it
-    engine_version = generation.weight_version()
-    if engine_version != version:
-        raise StaleWeightsError(f"refit failed: generation engine at weight version {engine_version}, "
+    if receipt.weight_version != version:
+        raise StaleWeightsError(f"refit failed: generation engine at weight version {receipt.weight_version}, "
                                 f"trainer at {version}")
     if probe is None:
         return {}
-    metrics = probe.measure(policy, generation, trainer_probe)
+    metrics = probe.measure(policy, generation, trainer_probe, receipt.probe_logprobs)
     probe.check(metrics, version)
     return metrics

@@ -96,9 +96,15 @@ class RayWorkerGroup:
     def submit_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """:meth:`run_all` without waiting: the calls' object refs, in rank order, for
         :meth:`gather` (so that several groups can work at once, e.g. start their engines)."""
-        refs = ([a if isinstance(a, ray.ObjectRef) else ray.put(a) for a in args] if len(self.workers) > 1
-                else list(args))
+        refs = [self.share(a) for a in args]
         return [getattr(w, method).remote(*refs, **kwargs) for w in self.workers]
+
+    def share(self, value: Any) -> Any:
+        """``value`` as one object-store copy that every worker's call reads (an ``ObjectRef``
+        as it is; with one worker, ``value`` itself: Ray serializes it once anyway)."""
+        if len(self.workers) > 1 and not isinstance(value, ray.ObjectRef):
+            return ray.put(value)
+        return value
 
     def gather(self, refs: list[Any], method: str) -> list[Any]:
         """``ray.get(refs)``; a worker that died on the way is one line naming it.
@@ -124,11 +130,20 @@ class RayWorkerGroup:
         Raises:
             ValueError: a shard list's length differs from the number of workers.
         """
+        return self.gather(self.submit_sharded(method, *shards, **kwargs), method)
+
+    def submit_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]:
+        """:meth:`run_sharded` without waiting: the calls' object refs, for :meth:`gather`
+        (e.g. the engines' side of a refit broadcast, whose sender runs at the same time).
+
+        Raises:
+            ValueError: a shard list's length differs from the number of workers.
+        """
         for shard_list in shards:
             if len(shard_list) != len(self.workers):
                 raise ValueError(f"{len(shard_list)} shards for {len(self.workers)} workers")
         per_worker = zip(self.workers, *shards, strict=True)
-        return self.gather([getattr(w, method).remote(*args, **kwargs) for w, *args in per_worker], method)
+        return [getattr(w, method).remote(*args, **kwargs) for w, *args in per_worker]
 
     def shutdown(self) -> None:
         """Kill every worker (their reserved bundles stay with the cluster)."""

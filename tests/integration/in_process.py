@@ -47,9 +47,10 @@ IMPLS: dict[Any, tuple[type, str]] = {
 
 
 # Methods a worker calls on itself inside a fused call (``train_step`` trains, then reports;
-# ``put_weights`` and ``broadcast_weights`` score the probe): recorded as calls of their own,
-# so a test reads the loop's training and scoring however the driver batched its requests.
-NESTED: dict[str, tuple[str, ...]] = {"policy": ("train", "get_logprobs")}
+# ``put_weights`` and ``broadcast_weights`` score the probe; an engine's ``update_weights``
+# reads its version back and scores the probe): recorded as calls of their own, so a test
+# reads (and transforms) the loop's training and scoring however the driver batched its requests.
+NESTED: dict[str, tuple[str, ...]] = {"policy": ("train", "get_logprobs"), "generation": ("weight_version", "score")}
 
 
 def _copy(value: Any) -> Any:
@@ -171,11 +172,19 @@ class LocalWorkerGroup:
     def gather(self, results: list[Any], method: str) -> list[Any]:
         return results
 
+    def share(self, value: Any) -> Any:
+        """No object store: every call gets its own copy anyway."""
+        return value
+
     def run_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]:
         for shard_list in shards:
             if len(shard_list) != len(self.workers):
                 raise ValueError(f"{len(shard_list)} shards for {len(self.workers)} workers")
         return [self._call(rank, method, tuple(s[rank] for s in shards), kwargs) for rank in range(len(self.workers))]
+
+    def submit_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]:
+        """Runs the calls now; :meth:`gather` hands their results back."""
+        return self.run_sharded(method, *shards, **kwargs)
 
     def shutdown(self) -> None:
         self.workers = []

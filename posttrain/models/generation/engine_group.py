@@ -3,7 +3,8 @@
 Both backends run behind it, the Hugging Face worker (``hf_generation_worker``) and the
 vLLM worker (``vllm/vllm_generation_worker``); they differ only inside the worker. The
 driver shards prompts over the engines, gathers their outputs in order, sends refits
-through the object store once, and insists that every engine holds the same weights.
+through the object store once (or has the policy broadcast them), and insists that every
+engine holds the same weights.
 Errors come back as the workers' own one-line :class:`~posttrain.errors.PosttrainError`
 (``RayWorkerGroup`` unwraps Ray's task error), never as a Ray traceback.
 """
@@ -18,7 +19,7 @@ import torch
 from posttrain.config import GenerationWorkerConfig
 from posttrain.distributed.ray_cluster import RayVirtualCluster
 from posttrain.distributed.worker_group import RayWorkerGroup
-from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
+from posttrain.models.generation.interfaces import GenerationOutput, ProbeRequest, RefitReceipt, SamplingParams
 from posttrain.models.generation.sharding import agreed_version, contiguous_shards, gather_outputs
 
 
@@ -29,7 +30,7 @@ class EngineGroup:
         cluster: virtual cluster to place the engines on.
         worker_cls: the ``ray.remote`` engine class (``HfGenerationWorker`` or
             ``VllmGenerationWorker``): ``start``, ``generate``, ``score``, ``update_weights``,
-            ``weight_version``, constructed as ``(model_path, cfg, rank=r)``.
+            ``receive_weights``, ``weight_version``, constructed as ``(model_path, cfg, rank=r)``.
         model_path: Hugging Face model directory (initial weights).
         cfg: the workers' config (the same for every engine).
         bundle_indices: one engine per listed bundle.
@@ -83,10 +84,48 @@ class EngineGroup:
                                         temperature=temperature)
         return [row for rows in shards for row in rows]
 
-    def update_weights(self, weights: dict[str, torch.Tensor] | ray.ObjectRef, version: int) -> None:
+    def update_weights(self, weights: dict[str, torch.Tensor] | ray.ObjectRef, version: int,
+                       probe: ProbeRequest | None = None) -> RefitReceipt:
         """Refit: the weights go into the object store once (or are there already: a
-        reference from ``Policy.put_weights``); every engine loads that copy."""
-        self.group.run_all("update_weights", weights, version)
+        reference from ``Policy.put_weights``); every engine loads that copy, reads its
+        version back and scores its shard of ``probe`` in the same call.
+
+        Raises:
+            StaleWeightsError: an engine could not load the weights, or the engines disagree
+                on their version afterwards.
+        """
+        n = len(self.group)
+        weights = self.group.share(weights)  # one copy for every engine
+        refs = self.group.submit_sharded("update_weights", [weights] * n, [version] * n, self._probe_shards(probe))
+        return self.receipt(refs, "update_weights")
+
+    def submit_receive(self, version: int, probe: ProbeRequest | None = None) -> list[Any]:
+        """The engines' side of a refit broadcast, started without waiting (the policy worker
+        sends at the same time): each loads what arrives, reads its version back and scores
+        its shard of ``probe``. :meth:`receipt` collects the answers."""
+        n = len(self.group)
+        return self.group.submit_sharded("receive_weights", [version] * n, self._probe_shards(probe))
+
+    def receipt(self, refs: list[Any], method: str) -> RefitReceipt:
+        """The engines' answers to a refit (``update_weights`` or ``receive_weights`` refs) as
+        one receipt: the version they agree on, the probe's rows in order.
+
+        Raises:
+            StaleWeightsError: an engine could not load, or they disagree on the version.
+        """
+        receipts = self.group.gather(refs, method)
+        version = agreed_version((r.weight_version for r in receipts), self.who)
+        if any(r.probe_logprobs is None for r in receipts):
+            return RefitReceipt(version)
+        return RefitReceipt(version, [row for r in receipts for row in r.probe_logprobs])
+
+    def _probe_shards(self, probe: ProbeRequest | None) -> list[ProbeRequest | None]:
+        """``probe`` split like :meth:`score` splits its rows, one shard per engine."""
+        n = len(self.group)
+        if probe is None:
+            return [None] * n
+        return [ProbeRequest(p, c, probe.temperature) for p, c in
+                zip(contiguous_shards(probe.prompts, n), contiguous_shards(probe.completions, n), strict=True)]
 
     @property
     def num_engines(self) -> int:

@@ -14,7 +14,13 @@ import torch
 
 from posttrain.config import GenerationWorkerConfig
 from posttrain.errors import StaleWeightsError
-from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
+from posttrain.models.generation.interfaces import (
+    GenerationOutput,
+    ProbeRequest,
+    RefitReceipt,
+    SamplingParams,
+    refit_receipt,
+)
 from posttrain.models.precision import use_tf32_for_fp32
 from posttrain.models.weight_broadcast import WeightBroadcast, connect_store
 from posttrain.models.weight_transfer import CudaIpcWeights, gpu_uuid, materialize
@@ -103,9 +109,11 @@ class HfGenerationWorkerImpl:
         """This worker's GPU (None on a CPU): the driver refits over CUDA IPC when it is the policy's."""
         return gpu_uuid(self.device)
 
-    def update_weights(self, weights: dict[str, torch.Tensor] | CudaIpcWeights, version: int) -> None:
+    def update_weights(self, weights: dict[str, torch.Tensor] | CudaIpcWeights, version: int,
+                       probe: ProbeRequest | None = None) -> RefitReceipt:
         """Load the policy's weights in place (a state dict, or CUDA IPC handles of the
-        policy's GPU tensors); the version changes only if all of them loaded.
+        policy's GPU tensors); the version changes only if all of them loaded. Answers
+        with the version read back and ``probe`` scored under the new weights.
 
         Raises:
             StaleWeightsError: a name is missing or unknown, or a shape differs (one line
@@ -113,15 +121,17 @@ class HfGenerationWorkerImpl:
         """
         tensors = materialize(weights)
         self._load({name: tuple(t.shape) for name, t in tensors.items()}, tensors.items(), version)
+        return refit_receipt(self, probe)
 
     def join_weight_broadcast(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
         """Join the policy's refit broadcast group served at ``host:port`` as rank ``1 + rank``."""
         store = connect_store(host, port, timeout_s)
         self.broadcast = WeightBroadcast(store, 1 + self.rank, world_size, self.device.type, timeout_s)
 
-    def receive_weights(self, version: int) -> None:
+    def receive_weights(self, version: int, probe: ProbeRequest | None = None) -> RefitReceipt:
         """Load the weights the policy broadcasts now (see :meth:`update_weights`; names and
-        shapes are checked from the sender's plan before a tensor loads).
+        shapes are checked from the sender's plan before a tensor loads), then answer as
+        :meth:`update_weights` does.
 
         Raises:
             StaleWeightsError: as :meth:`update_weights` (every bucket is still received, so
@@ -129,6 +139,7 @@ class HfGenerationWorkerImpl:
         """
         with self.broadcast.receive() as reception:
             self._load(reception.plan.shapes, reception, version)
+        return refit_receipt(self, probe)
 
     def _load(self, shapes: dict[str, tuple[int, ...]], tensors: Iterable[tuple[str, torch.Tensor]],
               version: int) -> None:

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 import torch
 
 from posttrain.data.batch import TokenBatch
+from posttrain.models.generation.interfaces import ProbeRequest, RefitReceipt
 
 Metrics = dict[str, float]
 
@@ -59,8 +60,11 @@ class PolicyInterface(Protocol):
         """How a refit reaches ``generation``: "cuda_ipc", "broadcast" or "object_store"."""
         ...
 
-    def broadcast_weights(self, generation: Any, version: int, probe: TokenBatch | None = None) -> torch.Tensor | None:
-        """Refit ``generation`` over a broadcast from the policy worker; the probe's trainer-side logprobs or None."""
+    def broadcast_weights(self, generation: Any, version: int, probe: TokenBatch | None = None,
+                          engine_probe: ProbeRequest | None = None) -> tuple[torch.Tensor | None, RefitReceipt]:
+        """Refit ``generation`` over a broadcast from the policy worker: the probe's
+        trainer-side logprobs or None, and the engines' receipt (their version read back,
+        their scores of ``engine_probe``)."""
         ...
 
     @property

@@ -19,6 +19,7 @@ from posttrain.data.batch import TokenBatch
 from posttrain.distributed.ray_cluster import RayVirtualCluster
 from posttrain.distributed.worker_group import RayWorkerGroup
 from posttrain.errors import ConfigError
+from posttrain.models.generation.interfaces import ProbeRequest, RefitReceipt
 from posttrain.models.policy.hf_policy_worker import HfPolicyWorker
 from posttrain.models.policy.interfaces import LossFn, Metrics
 from posttrain.models.policy.lora import check_adapter
@@ -167,14 +168,18 @@ class Policy:
             self._gpus[key] = (self.group.run_all("gpu_uuid")[0], generation.gpu_uuids())
         return choose_refit_transport(setting, *self._gpus[key])
 
-    def broadcast_weights(self, generation: Any, version: int, probe: TokenBatch | None = None) -> torch.Tensor | None:
+    def broadcast_weights(self, generation: Any, version: int, probe: TokenBatch | None = None,
+                          engine_probe: ProbeRequest | None = None) -> tuple[torch.Tensor | None, RefitReceipt]:
         """Refit ``generation``'s engines over a broadcast from the policy worker (NCCL or gloo,
         see ``posttrain.models.weight_broadcast``): the sender and the receivers run at once,
         the weights go device to device in buckets of ``generation.refit_bucket_bytes``. The
-        group is set up at the first refit of an engine group.
+        group is set up at the first refit of an engine group. After the weights, each side
+        scores its probe in the same call (the two at once).
 
         Returns:
-            The probe's trainer-side logprobs (scored by the sender in the same call), or None.
+            ``(trainer probe logprobs or None, the engines' receipt)``: the sender's
+            ``[B, L]`` logprobs of ``probe``, and the version the engines read back with their
+            scores of ``engine_probe`` (``EngineGroup.receipt``).
 
         Raises:
             StaleWeightsError: an engine could not load the weights (names or shapes differ).
@@ -189,10 +194,10 @@ class Policy:
             self.group.gather(mine, "join_weight_broadcast")
             self._broadcast_to = id(generation)
         sending = self.group.submit_all("broadcast_weights", generation.refit_bucket_bytes, probe)
-        generation.gather(generation.submit("receive_weights", version), "receive_weights")
+        receipt = generation.receipt(generation.submit_receive(version, engine_probe), "receive_weights")
         probe_logprobs, buckets, sent = self.group.gather(sending, "broadcast_weights")[0]
         self.last_broadcast = (buckets, sent)
-        return probe_logprobs
+        return probe_logprobs, receipt
 
     @property
     def weight_version(self) -> int:

@@ -2,7 +2,13 @@
 
 import pytest
 import torch
-from unit.models.generation.refit_helpers import answer_nll, max_logprob_gap, shared_prefix_prompts, train_step
+from unit.models.generation.refit_helpers import (
+    answer_nll,
+    engines_skip,
+    max_logprob_gap,
+    shared_prefix_prompts,
+    train_step,
+)
 
 from posttrain.algorithms.runtime import refit
 from posttrain.data.batch import make_batch
@@ -55,15 +61,53 @@ def test_engine_logprobs_match_trainer_after_refit_and_not_before(hf_runtime):
     assert (engine - stale)[mask].abs().max() > 1e-2
 
 
-def test_refit_with_stale_version_raises(hf_runtime, monkeypatch):
+@pytest.mark.parametrize("transport", ["broadcast", "object_store"])
+def test_an_engine_that_loads_nothing_fails_the_refits_version_check(hf_runtime, monkeypatch, transport):
+    """The engines take the refit call and skip loading: the version they read back is
+    their old one, and refit stops (the probe is not needed to see it)."""
     rt = hf_runtime
-    # through the object store, where the engines' update is one call to skip (a broadcast
-    # whose receivers never run would leave its sender waiting)
-    monkeypatch.setattr(rt.policy, "refit_transport", lambda generation: "object_store")
-    monkeypatch.setattr(rt.generation, "update_weights", lambda weights, version: None)
+    refit(rt.policy, rt.generation)
+    old = rt.policy.weight_version
     train_step(rt)
-    with pytest.raises(RuntimeError, match="refit failed: generation engine at weight version"):
+    monkeypatch.setattr(rt.policy, "refit_transport", lambda generation: transport)
+    with engines_skip(rt, "_load"), pytest.raises(
+            RuntimeError, match=rf"^refit failed: generation engine at weight version {old}, trainer at {old + 1}$"):
         refit(rt.policy, rt.generation)
+    refit(rt.policy, rt.generation)  # the engines load again: the next refit arrives
+    assert rt.generation.weight_version() == old + 1
+
+
+def _record_calls(monkeypatch, group) -> list[str]:
+    """The methods called on ``group``'s actors from here on (every call goes through
+    ``submit_all`` or ``submit_sharded``; ``run_*`` wrap them)."""
+    called: list[str] = []
+    for name in ("submit_all", "submit_sharded"):
+        real = getattr(group, name)
+
+        def spy(method, *args, _real=real, **kwargs):
+            called.append(method)
+            return _real(method, *args, **kwargs)
+
+        monkeypatch.setattr(group, name, spy)
+    return called
+
+
+@pytest.mark.parametrize(("transport", "sender", "receiver"), [("broadcast", "broadcast_weights", "receive_weights"),
+                                                               ("object_store", "put_weights", "update_weights")])
+def test_a_probed_refit_is_one_call_per_side(hf_runtime, monkeypatch, transport, sender, receiver):
+    """Issue 16's round trips: the policy sends and scores its side of the probe in one
+    call; the engines load, read their version back and score theirs in one call. Nothing
+    is asked afterwards, and the probe still measures the two sides (exact in fp32)."""
+    rt = hf_runtime
+    monkeypatch.setattr(rt.policy, "refit_transport", lambda generation: transport)
+    refit(rt.policy, rt.generation, rt.probe)  # a broadcast group is set up at its first refit
+    train_step(rt)
+    policy_calls = _record_calls(monkeypatch, rt.policy.group)
+    engine_calls = _record_calls(monkeypatch, rt.generation.group)
+    metrics = refit(rt.policy, rt.generation, rt.probe)
+    assert (policy_calls, engine_calls) == ([sender], [receiver])
+    assert metrics["train/refit_logprob_error"] < 1e-5
+    assert rt.generation.weight_version() == rt.policy.weight_version
 
 
 def test_after_each_refit_prompts_seen_before_it_get_the_trainers_new_logprobs(hf_runtime):

@@ -22,7 +22,13 @@ import torch
 
 from posttrain.config import GenerationWorkerConfig
 from posttrain.errors import EngineStartError, StaleWeightsError
-from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
+from posttrain.models.generation.interfaces import (
+    GenerationOutput,
+    ProbeRequest,
+    RefitReceipt,
+    SamplingParams,
+    refit_receipt,
+)
 from posttrain.models.generation.vllm.engine_memory import check_fits, free_memory, kv_cache_bytes, kv_cache_shape
 from posttrain.models.precision import use_tf32_for_fp32
 from posttrain.models.weight_broadcast import WeightBroadcast, connect_store
@@ -74,6 +80,7 @@ class VllmGenerationWorkerImpl:
         self.version = 0
         self.llm: Any = None
         self.eos_id: int | None = None
+        self._awake_depth = 0  # open _awake blocks
 
     def start(self) -> None:
         """Start the engine (9-20 s on a CPU for a tiny model).
@@ -123,13 +130,18 @@ class VllmGenerationWorkerImpl:
 
     @contextlib.contextmanager
     def _awake(self) -> Iterator[None]:
-        """GPU colocated: the engine holds device memory only inside this block."""
-        if self.cfg.sleep_when_idle:
+        """GPU colocated: the engine holds device memory only inside this block. Blocks nest
+        (a refit scores its probe before the engine sleeps again): only the outermost wakes
+        and sleeps."""
+        if self._awake_depth == 0 and self.cfg.sleep_when_idle:
             self.llm.wake_up()
+        self._awake_depth += 1
         try:
             yield
         finally:
-            self._sleep()
+            self._awake_depth -= 1
+            if self._awake_depth == 0:
+                self._sleep()
 
     def _vllm_params(self, params: SamplingParams, seed: int) -> Any:
         from vllm import SamplingParams as VllmSamplingParams
@@ -218,9 +230,11 @@ class VllmGenerationWorkerImpl:
         """This engine's GPU (None on a CPU): the driver refits over CUDA IPC when it is the policy's."""
         return gpu_uuid(self.cfg.device)
 
-    def update_weights(self, weights: dict[str, torch.Tensor] | CudaIpcWeights, version: int) -> None:
+    def update_weights(self, weights: dict[str, torch.Tensor] | CudaIpcWeights, version: int,
+                       probe: ProbeRequest | None = None) -> RefitReceipt:
         """Load the policy's weights in place (HF names; a state dict or CUDA IPC handles of
-        the policy's GPU tensors) and label the engine with ``version``.
+        the policy's GPU tensors) and label the engine with ``version``. Answers with the
+        engine's label read back and ``probe`` scored under the new weights.
 
         A name the engine does not know raises inside vLLM; a name that is missing leaves
         that tensor as it was (vLLM only logs it): the weight-sync probe catches that.
@@ -233,18 +247,21 @@ class VllmGenerationWorkerImpl:
             tensors = materialize(weights)
             self._reload(iter(tensors.items()), version)
             del tensors
+            return refit_receipt(self, probe)
 
     def join_weight_broadcast(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
         """Join the policy's refit broadcast group served at ``host:port`` as rank ``1 + rank``."""
         store = connect_store(host, port, timeout_s)
         self.broadcast = WeightBroadcast(store, 1 + self.rank, world_size, self.cfg.device, timeout_s)
 
-    def receive_weights(self, version: int) -> None:
+    def receive_weights(self, version: int, probe: ProbeRequest | None = None) -> RefitReceipt:
         """Load the weights the policy broadcasts now, bucket by bucket as they arrive (see
         :meth:`update_weights`; every bucket is received even when loading fails, so the
-        sender is not left waiting)."""
-        with self._awake(), self.broadcast.receive() as reception:
-            self._reload(iter(reception), version)
+        sender is not left waiting), then answer as :meth:`update_weights` does."""
+        with self._awake():
+            with self.broadcast.receive() as reception:
+                self._reload(iter(reception), version)
+            return refit_receipt(self, probe)
 
     def _reload(self, tensors: Iterator[tuple[str, torch.Tensor]], version: int) -> None:
         """vLLM's in-place ``reload_weights`` over ``tensors``, then a fresh prefix cache and the label."""

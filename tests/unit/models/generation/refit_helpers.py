@@ -1,9 +1,12 @@
 """Shared by the refit tests of both backends: a training step that moves the weights, a
 policy wrapper that loses one tensor during refit, long prompts sharing a prefix, and the
-engine-vs-trainer logprob gap."""
+engine-vs-trainer logprob gap, engines that skip loading a refit."""
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
+import ray
 import torch
 
 from posttrain.algorithms.loss_functions import NLLLoss
@@ -19,6 +22,20 @@ def answer_batch(rt: Any, answer: str = "77") -> Any:
 def train_step(rt: Any, answer: str = "77") -> dict[str, float]:
     """One NLL step towards answering ``answer`` to "a+1=": the weights move measurably."""
     return rt.policy.train(answer_batch(rt, answer), {}, NLLLoss())
+
+
+@contextlib.contextmanager
+def engines_skip(rt: Any, method: str) -> Iterator[None]:
+    """Inside the block, every engine actor's ``method`` (e.g. its weight loading) does
+    nothing: an instance attribute over the class's, removed again on leaving. A refit
+    then reaches the engines and loads nothing, and what they report comes from their own
+    code, not from a double on the driver."""
+    workers = rt.generation.group.workers
+    ray.get([w.__ray_call__.remote(lambda self: setattr(self, method, lambda *a, **k: None)) for w in workers])
+    try:
+        yield
+    finally:
+        ray.get([w.__ray_call__.remote(lambda self: delattr(self, method)) for w in workers])
 
 
 def answer_nll(rt: Any, answer: str = "77") -> float:

