@@ -147,10 +147,10 @@ def to_train_batch(rollouts: Rollouts, keep: torch.Tensor, pad_id: int) -> tuple
     """The kept rollouts as a padded batch, and the engine's logprobs aligned to it ``[B, L]``."""
     rows = keep.nonzero().squeeze(-1).tolist()
     batch = make_batch([rollouts.prompt_ids[i] for i in rows], [rollouts.completion_ids[i] for i in rows], pad_id)
-    gen_logprobs = torch.zeros_like(batch.completion_mask)
-    for b, i in enumerate(rows):
-        n = int(batch.completion_lens[b])
-        gen_logprobs[b, :n] = torch.tensor(rollouts.generation_logprobs[i][:n])
+    width = batch.completion_mask.shape[1]
+    lens = batch.completion_lens.tolist()
+    gen_logprobs = torch.tensor([[*rollouts.generation_logprobs[i][:n], *([0.0] * (width - n))]
+                                 for i, n in zip(rows, lens, strict=True)], dtype=torch.float32)
     return batch, gen_logprobs
 
 

@@ -110,20 +110,19 @@ def make_batch(
     # never narrower than the longest completion, even past the largest completion bucket
     completion_len = min(max(bucket(longest, completion_len_buckets), longest), seq_len)
 
-    batch_size = len(prompts)
-    input_ids = torch.full((batch_size, seq_len), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((batch_size, seq_len), dtype=torch.long)
-    completion_mask = torch.zeros((batch_size, completion_len), dtype=torch.float32)
-    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-        n_p, n_c = prompt_lens[i], completion_lens[i]
-        input_ids[i, :n_p] = torch.as_tensor(list(p), dtype=torch.long)
-        input_ids[i, n_p : n_p + n_c] = torch.as_tensor(list(c[:n_c]), dtype=torch.long)
-        attention_mask[i, : n_p + n_c] = 1
-        completion_mask[i, :n_c] = 1.0
+    # One tensor from padded Python lists and the masks from lengths: per-row tensor writes
+    # cost ~5 ms for a 128-row GRPO batch, a tenth of a tiny model's forward.
+    rows = [[*p, *c[:n_c], *([pad_id] * (seq_len - n_p - n_c))]
+            for p, c, n_p, n_c in zip(prompts, completions, prompt_lens, completion_lens, strict=True)]
+    input_ids = torch.tensor(rows, dtype=torch.long)
+    p_lens = torch.tensor(prompt_lens, dtype=torch.long)
+    c_lens = torch.tensor(completion_lens, dtype=torch.long)
+    attention_mask = (torch.arange(seq_len) < (p_lens + c_lens)[:, None]).long()
+    completion_mask = (torch.arange(completion_len) < c_lens[:, None]).float()
     return TokenBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        prompt_lens=torch.tensor(prompt_lens, dtype=torch.long),
-        completion_lens=torch.tensor(completion_lens, dtype=torch.long),
+        prompt_lens=p_lens,
+        completion_lens=c_lens,
         completion_mask=completion_mask,
     )

@@ -94,7 +94,7 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{LEARNING}::test_first_update_reads_the_loss_and_ratio_at_one",)),
     Mutant("loss_mask_drops_last_token", "the completion mask drops each completion's last token (EOS never trained)",
            "posttrain/data/batch.py",
-           (("completion_mask[i, :n_c] = 1.0", "completion_mask[i, : n_c - 1] = 1.0"),),
+           (("torch.arange(completion_len) < c_lens[:, None]", "torch.arange(completion_len) < c_lens[:, None] - 1"),),
            ("tests/unit/data/test_make_batch.py",)),
     Mutant("kl_against_current_policy", "reference logprobs come from the current policy: the KL penalty never binds",
            "posttrain/models/policy/base_policy_worker.py",
