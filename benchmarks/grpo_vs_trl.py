@@ -70,12 +70,16 @@ Remaining differences between the two jobs:
     both seeded) and its own sampling stream: same distribution, not the same prompts per step.
   - advantages divide by ``std + 1e-6`` (posttrain) or ``std + 1e-4`` (TRL).
   - posttrain's step also copies the weights to its generation worker (refit, a gloo broadcast
-    between the two processes) and checks the copy with the weight-sync probe (16 fixed
-    sequences scored on both sides); TRL samples from the model it trains. Both take the old
+    between the two processes) and checks the copy with the weight-sync probe (8 fixed
+    16-token sequences scored on both sides); TRL samples from the model it trains. Both take the old
     logprobs from the train forward (detached) and compute no reference logprobs at ``beta=0``;
     both compute per-token entropies.
   - posttrain generates and trains in two Ray worker processes (one at a time, synchronous
     loop); TRL does both in this process.
+
+Measured (2 idle CPU cores, 2026-11-24, warm start at 0.355/0.356 held-out accuracy):
+  --steps 60 --rounds 3: posttrain 0.237 s, TRL 0.194 s, ratio 1.22; accuracy 0.555 vs 0.605.
+  --steps 500: posttrain 0.231 s, TRL 0.200 s, ratio 1.15; accuracy 0.776 vs 0.736 (500 problems).
 """
 
 from __future__ import annotations
