@@ -73,6 +73,15 @@ def test_probe_check_bound(error, fails):
     RefitProbe(RefitProbeConfig(max_logprob_error=None), _Tok(), 1.0).check(metrics, 3)  # no bound: log only
 
 
+def test_probe_measures_the_engine_rows_it_is_given_and_refuses_a_short_receipt():
+    probe = RefitProbe(RefitProbeConfig(num_sequences=2, prompt_tokens=3, completion_tokens=2), _Tok(), 1.0)
+    trainer = torch.tensor([[-1.0, -2.0, 0.0, 0.0], [-0.5, -0.25, 0.0, 0.0]])  # [B, L]: L a bucket of 4
+    metrics = probe.measure(None, None, trainer, [[-1.0, -1.5], [-0.5, -0.25]])  # type: ignore[arg-type]
+    assert metrics["train/refit_logprob_error"] == pytest.approx(0.5 / 4)
+    with pytest.raises(ValueError, match="the engines scored 1 probe rows, the probe has 2"):
+        probe.measure(None, None, trainer, [[-1.0, -2.0]])  # type: ignore[arg-type]
+
+
 # --- the probe on the Hugging Face backend: backend-independent, so it runs in the default tier ---
 
 def test_hf_probe_agrees_after_refit_and_catches_skipped_refit(hf_runtime):
