@@ -9,6 +9,7 @@ rounding), so any gap beyond a small bound is a broken refit.
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Any
 
@@ -82,12 +83,12 @@ class RefitProbe:
         self.bound = PROBE_BOUNDS[precision] if cfg.max_logprob_error == "auto" else cfg.max_logprob_error
         self.temperature = temperature
 
-    @property
+    @functools.cached_property
     def batch(self) -> TokenBatch:
-        """The probe sequences as the trainer scores them."""
+        """The probe sequences as the trainer scores them (built once: they never change)."""
         return make_batch(self.prompts, self.completions, self.pad_id)
 
-    @property
+    @functools.cached_property
     def request(self) -> ProbeRequest:
         """The probe sequences as the engines score them (``Generation.update_weights``)."""
         return ProbeRequest(self.prompts, self.completions, self.temperature)

@@ -20,7 +20,7 @@ from posttrain.config import GenerationWorkerConfig
 from posttrain.distributed.ray_cluster import RayVirtualCluster
 from posttrain.distributed.worker_group import RayWorkerGroup
 from posttrain.models.generation.interfaces import GenerationOutput, ProbeRequest, RefitReceipt, SamplingParams
-from posttrain.models.generation.sharding import agreed_version, contiguous_shards, gather_outputs
+from posttrain.models.generation.sharding import agreed_version, contiguous_shards, gather_outputs, gather_receipts
 
 
 class EngineGroup:
@@ -113,11 +113,7 @@ class EngineGroup:
         Raises:
             StaleWeightsError: an engine could not load, or they disagree on the version.
         """
-        receipts = self.group.gather(refs, method)
-        version = agreed_version((r.weight_version for r in receipts), self.who)
-        if any(r.probe_logprobs is None for r in receipts):
-            return RefitReceipt(version)
-        return RefitReceipt(version, [row for r in receipts for row in r.probe_logprobs])
+        return gather_receipts(self.group.gather(refs, method), self.who)
 
     def _probe_shards(self, probe: ProbeRequest | None) -> list[ProbeRequest | None]:
         """``probe`` split like :meth:`score` splits its rows, one shard per engine."""

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
 from posttrain.errors import StaleWeightsError
-from posttrain.models.generation.interfaces import GenerationOutput
+from posttrain.models.generation.interfaces import GenerationOutput, RefitReceipt
 
 T = TypeVar("T")
 
@@ -42,3 +42,18 @@ def gather_outputs(outs: Sequence[GenerationOutput], who: str) -> GenerationOutp
         logprobs=[lp for o in outs for lp in o.logprobs],
         weight_version=agreed_version((o.weight_version for o in outs), who),
     )
+
+
+def gather_receipts(receipts: Sequence[RefitReceipt], who: str) -> RefitReceipt:
+    """The engines' answers to one refit as one receipt: the version they agree on, and the
+    probe rows of every shard in shard order (None only when no engine was asked to probe).
+    An engine that answers without its rows leaves the probe short: ``RefitProbe.measure``
+    refuses that, rather than the driver asking the engines to score again.
+
+    Raises:
+        StaleWeightsError: the engines disagree on the version.
+    """
+    version = agreed_version((r.weight_version for r in receipts), who)
+    if all(r.probe_logprobs is None for r in receipts):
+        return RefitReceipt(version)
+    return RefitReceipt(version, [row for r in receipts for row in r.probe_logprobs or []])

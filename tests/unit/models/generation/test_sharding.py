@@ -2,8 +2,8 @@
 
 import pytest
 
-from posttrain.models.generation.interfaces import GenerationOutput
-from posttrain.models.generation.sharding import agreed_version, contiguous_shards, gather_outputs
+from posttrain.models.generation.interfaces import GenerationOutput, RefitReceipt
+from posttrain.models.generation.sharding import agreed_version, contiguous_shards, gather_outputs, gather_receipts
 
 
 @pytest.mark.parametrize(("n_items", "n"), [(10, 3), (3, 4), (0, 2), (16, 1)])
@@ -27,3 +27,14 @@ def test_engines_on_different_weights_raise() -> None:
         gather_outputs([GenerationOutput([], [], 3), GenerationOutput([], [], 2)], "engines")
     with pytest.raises(RuntimeError, match="disagree"):
         agreed_version([5, 4], "engines")
+
+
+def test_receipts_gather_probe_rows_in_shard_order_and_never_drop_an_engines_answer() -> None:
+    rows = gather_receipts([RefitReceipt(4, [[-0.1], [-0.2]]), RefitReceipt(4, []), RefitReceipt(4, [[-0.3]])], "e")
+    assert rows == RefitReceipt(4, [[-0.1], [-0.2], [-0.3]])  # an empty shard adds no row
+    assert gather_receipts([RefitReceipt(4), RefitReceipt(4)], "e") == RefitReceipt(4)  # no probe asked
+    # one engine answered without its rows: the probe comes out short (measure refuses it),
+    # not as "no probe", which would have the driver score the engines a second time
+    assert gather_receipts([RefitReceipt(4, [[-0.1]]), RefitReceipt(4)], "e") == RefitReceipt(4, [[-0.1]])
+    with pytest.raises(RuntimeError, match=r"e disagree on the weight version: \[3, 4\]"):
+        gather_receipts([RefitReceipt(4, []), RefitReceipt(3, [])], "e")

@@ -1,0 +1,37 @@
+"""The Hugging Face engine in this process (no Ray): a left-padded batch generates what each
+prompt would alone, and its sampling logprobs are the teacher-forced scores of the same tokens."""
+
+import pytest
+import torch
+
+from posttrain.models.generation.hf_generation_worker import HfGenerationWorkerImpl
+from posttrain.models.generation.interfaces import SamplingParams
+
+# Lengths differ so that the short prompts are left-padded by up to 7 positions.
+PROMPTS = [[5, 9, 3], [4, 4, 8, 12, 6, 2], [7, 3, 11, 5, 9, 14, 6, 8, 10, 13]]
+GREEDY = SamplingParams(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, greedy=True, seed=0)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_path):
+    threads = torch.get_num_threads()
+    worker = HfGenerationWorkerImpl(tiny_model_path)
+    torch.set_num_threads(threads)  # the worker sets its own; keep the test process's
+    return worker
+
+
+def test_a_left_padded_batch_generates_what_each_prompt_generates_alone(engine):
+    together = engine.generate(PROMPTS, GREEDY)
+    for i, prompt in enumerate(PROMPTS):
+        alone = engine.generate([prompt], GREEDY)
+        assert together.completion_ids[i] == alone.completion_ids[0], f"prompt {i}"
+        assert together.logprobs[i] == pytest.approx(alone.logprobs[0], abs=1e-4), f"prompt {i}"
+
+
+def test_sampling_logprobs_are_the_teacher_forced_scores_of_the_sampled_tokens(engine):
+    params = SamplingParams(max_new_tokens=4, temperature=0.7, top_p=1.0, top_k=0, seed=3)
+    out = engine.generate(PROMPTS, params)
+    assert all(out.completion_ids)
+    scores = engine.score(PROMPTS, out.completion_ids, temperature=0.7)
+    for i, (sampled, scored) in enumerate(zip(out.logprobs, scores, strict=True)):
+        assert sampled == pytest.approx(scored, abs=1e-4), f"prompt {i}"
