@@ -8,7 +8,9 @@ unit_results.json; see docs/testing.md. ``pytester`` drives the harness's own te
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 
@@ -27,14 +29,49 @@ def ray_cluster():
 
     Tests that do not ask never import Ray. Actors and placement groups a test leaves alive
     make it error (``posttrain.testing.harness.ray_leaks``); hold shared ones in a module-scoped fixture.
+
+    Under pytest-xdist (``-n``) each worker process starts a cluster of its own (``address="local"``:
+    never ``$RAY_ADDRESS``'s nor another worker's; Ray gives each its own session directory and
+    ports), also of 2 logical CPUs: the tests are sized for 2 (actors at 0.5 CPU; test_worker_group
+    checks the figure). Logical CPUs only gate placement; the CPU time is threads, and the harness
+    gives each worker's torch its share of the cores (docs/testing.md, "In parallel").
     """
     import ray
 
     from posttrain.distributed.ray_cluster import init_ray
 
-    init_ray(num_cpus=2)  # retries a start-up that timed out on a busy machine
+    # retries a start-up that timed out on a busy machine
+    init_ray(address="local" if os.environ.get("PYTEST_XDIST_WORKER") else None, num_cpus=2)
     yield
     ray.shutdown()
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """The shared SFT warm start: ``model`` (its Hugging Face directory: load it, never write into
+    it) and ``info`` (``sft_steps``, ``val_accuracy``, ``seconds`` of the build)."""
+
+    model: Path
+    info: dict
+
+
+@pytest.fixture(scope="session")
+def warm_start(ray_cluster) -> WarmStart:
+    """The SFT warm start of ``examples/configs/grpo_arithmetic_warm_start.yaml`` (seed 0), from the
+    verified cache ``$POSTTRAIN_CACHE/warm_start`` (``posttrain.algorithms.warm_start``).
+
+    Built once per config, code and library version: the first session on a machine trains it
+    (~1.5-3 min on 2 cores), later sessions, xdist workers (a file lock lets one build) and the
+    functional scripts reuse it; a partial, corrupt or stale entry is rebuilt.
+    """
+    from posttrain.algorithms import sft
+    from posttrain.algorithms.warm_start import MODEL_DIR
+    from posttrain.algorithms.warm_start import warm_start as cached_warm_start
+    from posttrain.config import load_config
+
+    yaml = Path(__file__).resolve().parents[1] / "examples" / "configs" / "grpo_arithmetic_warm_start.yaml"
+    entry = cached_warm_start(load_config(yaml, ["cluster.cpus_per_worker=0.5"], sft.SFTMasterConfig))
+    return WarmStart(entry.path / MODEL_DIR, entry.info)
 
 
 @pytest.fixture(scope="session")

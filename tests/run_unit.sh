@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Unit tests: picks the test configuration, checks its uv extra, runs pytest.
-#   uv run --group test bash tests/run_unit.sh [--hf-gated] [--mcore-only | --vllm-only | --nightly-only] [pytest args / paths...]
+#   uv run --group test bash tests/run_unit.sh [--hf-gated] [--mcore-only | --vllm-only | --nightly-only] [--repeat N] [pytest args / paths...]
 # The configurations (flag -> marker filter, uv extra, package) are the table in
 # tests/configurations.toml; posttrain.testing.harness.configurations turns the arguments into pytest's.
 # A user's -m EXPR replaces the configuration's marker filter; other arguments and paths go to pytest.
+# --repeat N runs the tests N times in fresh processes and prints their pass rates (posttrain.testing.harness.repeat).
 # --help prints the configurations, their extras and the exit codes.
 # Exit status: pytest's; 2 for a usage error, an unknown flag (with a did-you-mean) or a missing
 # extra (the `uv run --extra ...` line to use is printed); 5 when the configuration selected no
-# test or every selected test was skipped: nothing was tested, so CI cannot go green.
+# test or every selected test was skipped: nothing was tested, so CI cannot go green; with --repeat, 3 when
+# the only problems were infrastructure errors (docs/testing.md, "Flake hunting").
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
@@ -27,10 +29,10 @@ if [ "$status" = 3 ]; then  # --help: the usage is in the plan's place
   exit 0
 fi
 [ "$status" = 0 ] || exit "$status"
-mapfile -d '' pytest_args <"$plan"
+mapfile -d '' cmd <"$plan"  # python -m pytest ARGS..., or the --repeat runner around them
 
 set +e
-python -m pytest "${pytest_args[@]}"
+"${cmd[@]}"
 status=$?
 set -e
 if [ "$status" = 4 ]; then  # pytest's own usage error (e.g. an unknown short option): ours is 2

@@ -57,8 +57,9 @@ def start_attempts() -> int:
 def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
     """Join a running Ray cluster, or start a local one.
 
-    A cluster is joined when ``address`` is given or ``RAY_ADDRESS`` is set; otherwise a
-    local single-node cluster starts with ``num_cpus`` (default: the machine's cores, at
+    A cluster is joined when ``address`` is given or ``RAY_ADDRESS`` is set; otherwise (or with
+    ``address="local"``, which ignores ``RAY_ADDRESS``) a new local single-node cluster starts, never
+    one that ``ray start`` left on the machine, with ``num_cpus`` (default: the machine's cores, at
     least 2, so a policy worker and a generation worker fit on a 1-core box too). A local
     start that times out (a busy machine) is retried, one line per retry, up to
     ``$POSTTRAIN_RAY_START_ATTEMPTS`` starts in all. Calling it again in the same process
@@ -78,7 +79,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
     address = address or os.environ.get("RAY_ADDRESS")
     runtime_env = {"env_vars": {key: os.environ[key] for key in env_vars}}
     logging_level = logging.INFO if verbose() else logging.WARNING
-    if address:
+    if address and address != "local":
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True, logging_level=logging_level)
         rearm()
         return
@@ -86,6 +87,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
     for attempt in range(1, attempts + 1):
         try:
             ray.init(
+                address="local",  # without it Ray joins the cluster of the machine's last `ray start`
                 num_cpus=num_cpus if num_cpus is not None else max(2, os.cpu_count() or 1),
                 num_gpus=num_gpus,
                 include_dashboard=False,

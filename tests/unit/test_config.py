@@ -37,8 +37,8 @@ def _error(path, overrides, schema=GRPOMasterConfig) -> str:
 
 @pytest.mark.parametrize(
     ("name", "schema"),
-    [("grpo_arithmetic.yaml", GRPOMasterConfig), ("sft_arithmetic.yaml", SFTMasterConfig),
-     ("sft_gsm8k.yaml", SFTMasterConfig)],
+    [("grpo_arithmetic.yaml", GRPOMasterConfig), ("grpo_arithmetic_warm_start.yaml", SFTMasterConfig),
+     ("sft_arithmetic.yaml", SFTMasterConfig), ("sft_gsm8k.yaml", SFTMasterConfig)],
 )
 def test_example_configs_load_with_their_schema(name: str, schema) -> None:
     cfg = load_config(CONFIGS / name, [], schema)
@@ -47,7 +47,7 @@ def test_example_configs_load_with_their_schema(name: str, schema) -> None:
 
 def test_every_example_config_is_covered() -> None:
     assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == [
-        "grpo_arithmetic.yaml", "sft_arithmetic.yaml", "sft_gsm8k.yaml"]
+        "grpo_arithmetic.yaml", "grpo_arithmetic_warm_start.yaml", "sft_arithmetic.yaml", "sft_gsm8k.yaml"]
 
 
 def test_yaml_values_reach_the_config() -> None:

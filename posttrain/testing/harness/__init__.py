@@ -15,9 +15,11 @@ rootdir) names the run_unit.sh table that the deselection report points at.
 - ``results``: ``unit_results.json`` (and its timestamped archive copy).
 - ``ray_leaks``: actors / placement groups a test left alive make it error.
 - ``shards``: ``--shard I/N``, duration-balanced parts of the selected tests (a module stays whole).
+- ``repeat``: ``run_unit.sh --repeat N``, the tests N times in fresh processes, a pass-rate table (flake hunting).
 - ``merge``: ``python -m posttrain.testing.harness.merge``: shards' unit_results.json and coverage into one.
 - ``remote_testmon``: with ``--testmon``, re-selects tests whose code runs inside Ray actors (a static import map).
-- ``plugin``: the pytest hooks and the ``tracker`` fixture.
+- ``parallel``: ``-n N`` (pytest-xdist): worker threads, heaviest modules first, what workers hand the controller.
+- ``plugin``: the pytest hooks and the ``tracker`` and ``repeat_index`` fixtures.
 
 Nothing here imports torch or Ray at import time: pure-Python tests pay for neither.
 """

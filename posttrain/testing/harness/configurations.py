@@ -4,10 +4,12 @@ repository) and the plan it gives.
 :func:`make_plan` turns run_unit.sh's arguments into pytest's (or a usage error, or the
 ``uv run --extra ...`` line to use when the configuration's extra is missing). It is a pure
 function of the arguments, the GPU count and what is importable, tested without a shell.
+With ``--repeat N`` the plan's command is the repeat runner (``posttrain.testing.harness.repeat``)
+instead of one pytest run.
 
 Command line (what run_unit.sh calls)::
 
-    python -m posttrain.testing.harness.configurations [--table T] plan -- ARGS...  # pytest args, NUL-separated
+    python -m posttrain.testing.harness.configurations [--table T] plan -- ARGS...  # the command, NUL-separated
     python -m posttrain.testing.harness.configurations [--table T] --markdown       # the table of docs/testing.md
 
 ``T`` defaults to ``tests/configurations.toml`` under the current directory (``TABLE_PATH``).
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.testing.harness.machine import count_gpus
+from posttrain.testing.harness.repeat import REPEAT_FLAG, parse_repeat
 
 # Relative: the repository root of the project under test (run_unit.sh runs from there; the
 # pytest plugin resolves it against pytest's rootdir, see its ``posttrain_configurations`` ini).
@@ -86,12 +89,20 @@ class Table:
 
 @dataclass(frozen=True)
 class Plan:
-    """What run_unit.sh runs: ``pytest_args`` for the chosen configuration."""
+    """What run_unit.sh runs: ``pytest_args`` for the chosen configuration, once or ``repeat`` times."""
 
     configuration: Configuration
     modifiers: tuple[Modifier, ...]
     marker_expr: str | None  # None: the user's own -m replaced it
     pytest_args: tuple[str, ...]
+    repeat: int | None = None  # --repeat N
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The command line run_unit.sh executes: pytest, or the repeat runner around it."""
+        if self.repeat is None:
+            return ("python", "-m", "pytest", *self.pytest_args)
+        return ("python", "-m", "posttrain.testing.harness.repeat", str(self.repeat), "--", *self.pytest_args)
 
 
 class PlanError(Exception):
@@ -144,7 +155,7 @@ def check_flags(argv: Sequence[str], table: Table, known: Callable[[], set[str]]
     Raises:
         PlanError: an unknown flag, with the closest known ones ("did you mean ...").
     """
-    ours = {c.flag for c in table.configurations if c.flag} | {m.flag for m in table.modifiers}
+    ours = {c.flag for c in table.configurations if c.flag} | {m.flag for m in table.modifiers} | {REPEAT_FLAG}
     flags = [a.split("=", 1)[0] for a in (argv[:list(argv).index("--")] if "--" in argv else argv)]
     unknown = [a for a in flags if a.startswith("--") and len(a) > 2 and a not in ours]
     if not unknown:
@@ -167,14 +178,19 @@ def usage(table: Table) -> str:
         lines.append(f"  {'':16} tests matching: {c.select}; uv extra: {extra}")
     lines += ["", "Modifiers (combine with any configuration):"]
     lines += [f"  {m.flag:16} {m.help}" for m in table.modifiers]
+    lines += ["", "Runner (combines with any configuration and pytest args):",
+              f"  {REPEAT_FLAG + ' N':16} run the selected tests N times, each in a fresh pytest process, and print",
+              f"  {'':16} a pass-rate table (flake hunting; docs/testing.md, \"Flake hunting\")"]
     lines += ["", "Everything else goes to pytest unchanged (`python -m pytest --help` lists its options); useful:",
               "  -m EXPR          replaces the configuration's marker filter",
               "  --testmon        run only the tests affected by your edits (code inside Ray actors included)",
               "  --shard I/N      run the I-th of N deterministic, duration-balanced parts (CI's matrix)",
+              "  -n auto          parallel workers (pytest-xdist), a Ray cluster each, heaviest modules first",
               "  --cov=posttrain  coverage, Ray workers included",
               "", "Exit status: pytest's (0 passed, 1 failures); 2 usage error, unknown flag or missing uv extra",
               "(the `uv run --extra ...` line to use is printed); 5 nothing was tested (no test selected, or",
-              "every selected test skipped)."]
+              "every selected test skipped). With --repeat: 1 a test failed in any run; 3 infrastructure errors",
+              "only (Ray did not start, out of memory, a killed worker or pytest)."]
     return "\n".join(lines)
 
 
@@ -184,10 +200,13 @@ def make_plan(argv: Sequence[str], num_gpus: int, table: Table,
     """Pick the configuration from run_unit.sh's ``argv`` and build pytest's arguments.
 
     A user's ``-m EXPR`` replaces the configuration's marker filter; every argument that is
-    not a configuration flag goes to pytest unchanged, in order.
+    not a configuration flag goes to pytest unchanged, in order. ``--repeat N`` (or
+    ``--repeat=N``) runs them N times (``Plan.command``).
+    ``-n N`` (pytest-xdist) without a ``--dist`` of its own gets :func:`xdist_schedule_args`.
 
     Raises:
-        PlanError: two ``-only`` flags, ``-m`` without an expression, an unknown ``--flag``
+        PlanError: two ``-only`` flags, ``-m`` without an expression, ``--repeat`` without a
+            positive integer, an unknown ``--flag``
             (with a did-you-mean), or the configuration's package not importable (the
             message holds the exact ``uv run --extra`` line).
     """
@@ -198,6 +217,7 @@ def make_plan(argv: Sequence[str], num_gpus: int, table: Table,
     modifiers: list[Modifier] = []
     passthrough: list[str] = []
     user_marker = False
+    repeat: int | None = None
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -207,6 +227,12 @@ def make_plan(argv: Sequence[str], num_gpus: int, table: Table,
             chosen = by_flag[arg]
         elif arg in modifier_flags:
             modifiers.append(modifier_flags[arg])
+        elif arg == REPEAT_FLAG or arg.startswith(REPEAT_FLAG + "="):
+            value = arg.partition("=")[2] if "=" in arg else (args.pop(0) if args else "")
+            try:
+                repeat = parse_repeat(value)
+            except ValueError as e:
+                raise PlanError(str(e)) from None
         elif arg == "-m":
             if not args:
                 raise PlanError("-m needs a marker expression, e.g. -m 'slow and not gpu'")
@@ -219,7 +245,33 @@ def make_plan(argv: Sequence[str], num_gpus: int, table: Table,
     _check_extra(configuration, num_gpus, argv, importable)
     expr = None if user_marker else marker_expression(configuration, modifiers, table)
     marker_args = () if expr is None else ("-m", expr)
-    return Plan(configuration, tuple(modifiers), expr, (*marker_args, *FIXED_PYTEST_ARGS, *passthrough))
+    return Plan(configuration, tuple(modifiers), expr,
+                (*marker_args, *FIXED_PYTEST_ARGS, *xdist_schedule_args(passthrough), *passthrough), repeat)
+
+
+def xdist_schedule_args(args: Sequence[str]) -> tuple[str, ...]:
+    """``--dist loadfile --no-loadscope-reorder`` when ``args`` ask for xdist workers (``-n N``, ``-nN``,
+    ``--numprocesses[=]N``; not ``-n 0``) and choose no ``--dist`` (or ``-d``) of their own, else ().
+
+    loadfile keeps a module's tests on one worker (its module-scoped fixtures start Ray actors once);
+    without reordering, xdist hands out the modules in the order the workers collected them, which
+    the harness makes heaviest first (``parallel.heaviest_modules_first``).
+    """
+    workers = None
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg in ("-n", "--numprocesses"):
+            workers = args[i + 1] if i + 1 < len(args) else None
+        elif arg.startswith("--numprocesses="):
+            workers = arg.partition("=")[2]
+        elif arg.startswith("-n") and not arg.startswith("--"):
+            workers = arg[2:].lstrip("=")
+        elif arg in ("-d", "--dist") or arg.startswith("--dist="):
+            return ()
+    if workers is None or workers.strip() == "0":
+        return ()
+    return ("--dist", "loadfile", "--no-loadscope-reorder")
 
 
 def _check_extra(configuration: Configuration, num_gpus: int, argv: Sequence[str],
@@ -250,7 +302,8 @@ def describe(plan: Plan, num_gpus: int) -> str:
     """One line for the log: configuration, marker filter, GPUs."""
     name = plan.configuration.name + "".join(f" +{m.name}" for m in plan.modifiers)
     marker = f"-m '{plan.marker_expr}'" if plan.marker_expr else "your own -m"
-    return f"run_unit.sh: configuration {name}, {marker}, {num_gpus} GPU(s)"
+    repeated = f", {plan.repeat} runs (--repeat)" if plan.repeat is not None else ""
+    return f"run_unit.sh: configuration {name}, {marker}, {num_gpus} GPU(s){repeated}"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -275,7 +328,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"run_unit.sh: {e}", file=sys.stderr)
         return 2
     print(describe(plan, num_gpus), file=sys.stderr)
-    sys.stdout.write("".join(arg + "\0" for arg in plan.pytest_args))
+    sys.stdout.write("".join(arg + "\0" for arg in plan.command))
     return 0
 
 

@@ -3,7 +3,8 @@
 Loaded by pytest through the ``pytest11`` entry point ``posttrain``; inert unless the ini
 sets ``posttrain_harness = true``. Then it adds ``gpu(n)`` skips, the deselection report,
 ``--fail-on-nothing-ran``, the Ray leak check and ``unit_results.json``; the ``tracker``
-fixture records per-test metrics into that file.
+fixture records per-test metrics into that file; ``repeat_index`` is the ``run_unit.sh --repeat``
+run a session is (a test derives its seeds from it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from posttrain.testing.harness import coverage_ray, results, shards
+from posttrain.testing.harness import coverage_ray, parallel, repeat, results, shards
 from posttrain.testing.harness.configurations import TABLE_PATH
 from posttrain.testing.harness.machine import count_gpus
 from posttrain.testing.harness.ray_leaks import RayLeakCheck
@@ -25,6 +26,7 @@ from posttrain.testing.harness.tracker import Tracker
 METRICS = pytest.StashKey[dict[str, dict[str, Any]]]()
 START = pytest.StashKey[datetime]()
 GPU_MARKER = "gpu(n): needs n GPUs; skipped with the reason 'needs n GPUs, found m' when fewer are present"
+SHIPPED_METRICS = "posttrain_metrics"  # xdist: a test's tracker metrics, on its teardown report to the controller
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -58,13 +60,22 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[START] = datetime.now(UTC)
     try:
         num_gpus = count_gpus()
+        repeat.repeat_index()  # a bad $POSTTRAIN_REPEAT_INDEX: one usage error, not one per test
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
     table = config.rootpath / Path(config.getini("posttrain_configurations"))
-    config.pluginmanager.register(Selection(num_gpus, config.getoption("fail_on_nothing_ran"), table),
+    role = parallel.role(config)  # -n (pytest-xdist): tests run in workers, the controller reports
+    config.pluginmanager.register(Selection(num_gpus, config.getoption("fail_on_nothing_ran"), table, role),
                                   "posttrain-selection")
     config.pluginmanager.register(RayLeakCheck(), "posttrain-ray-leaks")
     config.pluginmanager.register(UnitResults(config), "posttrain-unit-results")
+    if role == "worker":
+        parallel.limit_worker_threads(config)
+        config.pluginmanager.register(parallel.WorkerSchedule(config, shards.durations_from_options(config)),
+                                      "posttrain-xdist-worker")
+    elif role == "controller":
+        shards.durations_from_options(config)  # a bad durations file: one usage error here, not in every worker
+        config.pluginmanager.register(parallel.ControllerReport(), "posttrain-xdist-controller")
     if config.getoption("shard") is not None:
         config.pluginmanager.register(shards.Sharding.from_options(config), "posttrain-shards")
     if testmon_asked(config):  # re-selects what testmon cannot see run: code inside Ray actors
@@ -84,9 +95,24 @@ def tracker(request: pytest.FixtureRequest) -> Tracker:
     return Tracker(request.node.nodeid, request.config.stash[METRICS])
 
 
+@pytest.fixture(scope="session")
+def repeat_index() -> int:
+    """Which repetition of ``run_unit.sh --repeat N`` this session is: 0..N-1 (0 outside
+    ``--repeat``). A test whose outcome depends on its seeds derives them from it
+    (``seed = base_seed + repeat_index``), so N repetitions sample N seeds instead of one.
+
+    Raises:
+        pytest.UsageError: ``$POSTTRAIN_REPEAT_INDEX`` is not a non-negative integer.
+    """
+    try:
+        return repeat.repeat_index()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
 @pytest.hookimpl(trylast=True)  # pytest-cov has started its coverage by then
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if not enabled(session.config):
+    if not enabled(session.config) or parallel.role(session.config) == "controller":  # workers run the tests
         return
     cov_plugin = session.config.pluginmanager.getplugin("_cov")
     controller = getattr(cov_plugin, "cov_controller", None)
@@ -103,6 +129,18 @@ class UnitResults:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
             self.config.stash[METRICS].setdefault(report.nodeid, {})["_elapsed"] = round(report.duration, 4)
+        shipped = getattr(report, SHIPPED_METRICS, None)  # from an xdist worker
+        if shipped:
+            self.config.stash[METRICS].setdefault(report.nodeid, {}).update(shipped)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):
+        report = yield
+        if call.when == "teardown" and parallel.role(self.config) == "worker":  # after every fixture's teardown
+            named = {k: v for k, v in self.config.stash[METRICS].get(item.nodeid, {}).items() if k != "_elapsed"}
+            if named:
+                setattr(report, SHIPPED_METRICS, named)
+        return report
 
     @pytest.hookimpl(trylast=True)  # after pytest-cov computed its total and the exit status is final
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

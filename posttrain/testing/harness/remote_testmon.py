@@ -31,6 +31,12 @@ remaining stable tests itself, with the real items, so ``pytest_deselected`` lis
 deselection report reads their markers) never see the placeholders. ``-k``, ``--lf`` and manual node ids
 switch testmon's selection off (all matches run); ``-m`` alone (every run_unit.sh configuration passes
 one) keeps it on here, the matches being the tier rather than a choice of tests.
+
+Under pytest-xdist (``-n``) testmon 2.x selects in every worker (each collects the whole suite; the
+controller hands them its execution id) and its controller alone writes ``.testmondata``. So does this
+plugin: each worker puts back and drops tests as above and ships what it collected to the controller
+(``parallel.ship``); the controller hashes the files before the tests run and writes the two files once,
+at the end of a session without a failure, as a serial run would.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from posttrain.testing.harness import parallel
 
 # The node ids testmon (with this plugin's corrections) left out as unaffected by the edits;
 # the harness's selection report and its "nothing ran" check read them.
@@ -67,9 +75,9 @@ def add_remote_testmon_options(parser: pytest.Parser) -> None:
 
 
 def testmon_asked(config: pytest.Config) -> bool:
-    """Whether testmon was asked for (``--testmon`` or its select variants) in this process (not an xdist worker)."""
+    """Whether testmon was asked for (``--testmon`` or its select variants), in a single process or under xdist."""
     asked = any(config.getoption(name, default=False) for name in ("testmon", "testmon_forceselect"))
-    return asked and not config.getoption("no-testmon", default=False) and not hasattr(config, "workerinput")
+    return asked and not config.getoption("no-testmon", default=False)
 
 
 def relpath(path: Path, rootdir: Path) -> str:
@@ -317,6 +325,8 @@ class RemoteTestmon:
         self.testmon_drops: set[str] = set()  # node ids this plugin deselects on testmon's behalf
         self.collected: list[pytest.Item] = []
         self.ran: set[str] = set()
+        self.role = parallel.role(config)
+        self.shipped: dict[str, Any] = {"by_module": {}, "fixtures": {}, "ran": set()}  # controller: from workers
 
     def _testmon_select(self) -> Any:
         """testmon's selecting plugin when it is registered and selecting, else None."""
@@ -339,6 +349,10 @@ class RemoteTestmon:
 
     @pytest.hookimpl(tryfirst=True)  # before collection asks testmon's pytest_ignore_collect
     def pytest_collection(self, session: pytest.Session) -> None:
+        if self.role == "controller":  # the workers collect and select; hash the files before the tests run
+            if self.use_map:
+                self._decide(None)
+            return
         select = self._testmon_select()
         if self.use_map:
             self._decide(select)
@@ -400,12 +414,45 @@ class RemoteTestmon:
         line = f"remote-aware testmon: +{n} tests re-selected" + (f" for changed files: {shown}" if shown else "")
         return line + (f"; {seeded} test modules seeded (no map entry)" if seeded else "")
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        """Controller: a worker's collection (they all collect alike; the union guards a partial one)."""
+        shipped = parallel.received(node, "remote_testmon")
+        if shipped is None:
+            return
+        for module, nodeids in shipped["by_module"].items():
+            self.shipped["by_module"].setdefault(module, set()).update(nodeids)
+            self.shipped["fixtures"].setdefault(module, set()).update(shipped["fixtures"][module])
+        self.shipped["ran"].update(shipped["ran"])
+        self.config.stash[UNAFFECTED] = self.config.stash.get(UNAFFECTED, frozenset()) | set(shipped["unaffected"])
+
     @pytest.hookimpl(trylast=True)  # after the harness's and testmon's exit status adjustments
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.role == "worker":  # the controller records, once, for the whole session
+            by_module, fixtures = self._collected_modules()
+            parallel.ship(self.config, "remote_testmon", {
+                "by_module": by_module, "fixtures": {m: sorted(f) for m, f in fixtures.items()},
+                "ran": sorted(self.ran), "unaffected": sorted(self.testmon_drops)})
+            return
         passed = session.testsfailed == 0 and session.exitstatus in (pytest.ExitCode.OK,
                                                                      pytest.ExitCode.NO_TESTS_COLLECTED)
         if self.use_map and passed and not self.config.getoption("collectonly"):
-            self._record()
+            if self.role == "single":
+                self._record(*self._collected_modules(), self.ran)
+            elif self.shipped["by_module"] or self.shipped["ran"]:  # no worker reported: nothing to record
+                self._record({m: sorted(ids) for m, ids in self.shipped["by_module"].items()},
+                             self.shipped["fixtures"], self.shipped["ran"])
+
+    def _collected_modules(self) -> tuple[dict[str, list[str]], dict[str, set[str]]]:
+        """This process's collection: test module -> its node ids, and -> the fixtures its tests request."""
+        by_module: dict[str, list[str]] = {}
+        fixtures: dict[str, set[str]] = {}
+        for item in self.collected:
+            if item.path.suffix == ".py":
+                module = relpath(item.path, self.rootdir)
+                by_module.setdefault(module, []).append(item.nodeid)
+                fixtures.setdefault(module, set()).update(getattr(item, "fixturenames", ()))
+        return by_module, fixtures
 
     def _partial_modules(self) -> set[str]:
         """Test modules named with ``::`` on the command line: their other tests were not collected."""
@@ -416,19 +463,18 @@ class RemoteTestmon:
                 partial.add(relpath(path, self.rootdir))
         return partial
 
-    def _record(self) -> None:
+    def _record(self, by_module: dict[str, list[str]], fixtures: dict[str, set[str]], ran: set[str]) -> None:
         """The new map and state after a passing session: tests that ran are up to date; a changed file is
-        kept pending for every test of its modules that did not run."""
+        kept pending for every test of its modules that did not run.
+
+        Args:
+            by_module: test module (relative path) -> the node ids collected from it.
+            fixtures: test module -> the fixtures its collected tests request.
+            ran: the node ids that ran (counted as run: the session passed).
+        """
         builder = ImportMap(self.rootdir, self.config.getini("posttrain_remote_packages"),
                             self.config.getini("pythonpath"))
         old = self.state
-        by_module: dict[str, list[str]] = {}
-        fixtures: dict[str, set[str]] = {}
-        for item in self.collected:
-            if item.path.suffix == ".py":
-                module = relpath(item.path, self.rootdir)
-                by_module.setdefault(module, []).append(item.nodeid)
-                fixtures.setdefault(module, set()).update(getattr(item, "fixturenames", ()))
         partial = self._partial_modules()
         new_map = {m: files for m, files in old.map.items() if self._hash(m) is not None}
         for module in by_module:  # a partly collected module's other tests may request other fixtures
@@ -451,7 +497,7 @@ class RemoteTestmon:
                     del pending[nodeid]
             for nodeid in collected:
                 test_reasons = pending.pop(nodeid, set()) | reasons
-                if nodeid not in self.ran and test_reasons:
+                if nodeid not in ran and test_reasons:
                     pending[nodeid] = test_reasons
         self.state = RemoteState(new_map, {f: h for f in sorted(files) if (h := self._hash(f)) is not None},
                                  {k: sorted(v) for k, v in sorted(pending.items())})

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from posttrain.testing.harness import parallel
 from posttrain.testing.harness.configurations import PlanError, Table, load_table
 from posttrain.testing.harness.remote_testmon import UNAFFECTED
 from posttrain.testing.harness.shards import OTHER_SHARDS
@@ -48,12 +50,16 @@ def deselection_summary(items: Iterable[pytest.Item], table: Table) -> list[str]
 
 class Selection:
     """pytest hooks for selection; ``num_gpus`` comes from ``machine.count_gpus``, ``table_path``
-    is the configuration table whose flags the deselection report names."""
+    is the configuration table whose flags the deselection report names. Under xdist (``role``)
+    a worker ships its deselection report to the controller, which prints it."""
 
-    def __init__(self, num_gpus: int, fail_on_nothing_ran: bool, table_path: Path):
+    def __init__(self, num_gpus: int, fail_on_nothing_ran: bool, table_path: Path,
+                 role: parallel.Role = "single"):
         self.num_gpus = num_gpus
         self.table_path = table_path
         self.fail_on_nothing_ran = fail_on_nothing_ran
+        self.role = role
+        self.shipped_lines: list[str] | None = None  # controller: the first worker's deselection report
         self.deselected: list[pytest.Item] = []
         self.ran = 0
         self.nothing_ran = False
@@ -73,8 +79,16 @@ class Selection:
         if report.when == "call":
             self.ran += 1
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        lines = parallel.received(node, "deselection")
+        if self.shipped_lines is None and lines is not None:
+            self.shipped_lines = list(lines)
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.role == "worker":
+            parallel.ship(session.config, "deselection", self._deselection_lines(session.config))
         if self.fail_on_nothing_ran and exitstatus in (pytest.ExitCode.OK, NOTHING_RAN) and self.ran == 0:
             if session.config.stash.get(UNAFFECTED, frozenset()):
                 # --testmon found no test affected by the edits: nothing to do is the right answer
@@ -85,10 +99,24 @@ class Selection:
             self.nothing_ran = True
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        unaffected = terminalreporter.config.stash.get(UNAFFECTED, frozenset())
+        lines = self.shipped_lines if self.role == "controller" else self._deselection_lines(terminalreporter.config)
+        if lines:
+            terminalreporter.section("deselected by the configuration", sep="-")
+            for line in lines:
+                terminalreporter.write_line(line)
+        if self.nothing_ran:
+            terminalreporter.write_line("nothing was tested: no test selected, or every selected test skipped (exit 5)",
+                                        red=True)
+        if self.nothing_to_rerun:
+            terminalreporter.write_line("nothing to re-run: no selected test is affected by your edits (--testmon)")
+
+    def _deselection_lines(self, config: pytest.Config) -> list[str]:
+        """The deselection report: one line per reason (none when nothing was deselected)."""
+        unaffected = config.stash.get(UNAFFECTED, frozenset())
+        lines: list[str] = []
         if self.deselected or unaffected:
             # --shard's deselections are one line, not counted by marker (they carry no reason of their own)
-            other = terminalreporter.config.stash.get(OTHER_SHARDS, None)
+            other = config.stash.get(OTHER_SHARDS, None)
             sharded = [i for i in self.deselected if other is not None and i.nodeid in other.nodeids]
             # plain testmon hands over stand-in objects without markers
             stand_ins = [i for i in self.deselected if not hasattr(i, "get_closest_marker")]
@@ -104,11 +132,4 @@ class Selection:
             if unaffected or stand_ins:
                 n = len(unaffected | {i.nodeid for i in stand_ins})
                 lines.append(f"{n} deselected: unaffected by your edits (--testmon)")
-            terminalreporter.section("deselected by the configuration", sep="-")
-            for line in lines:
-                terminalreporter.write_line(line)
-        if self.nothing_ran:
-            terminalreporter.write_line("nothing was tested: no test selected, or every selected test skipped (exit 5)",
-                                        red=True)
-        if self.nothing_to_rerun:
-            terminalreporter.write_line("nothing to re-run: no selected test is affected by your edits (--testmon)")
+        return lines

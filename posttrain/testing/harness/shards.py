@@ -144,6 +144,17 @@ def default_durations_path(rootdir: Path) -> Path | None:
     return None
 
 
+def durations_from_options(config: pytest.Config) -> dict[str, float]:
+    """The durations of ``--shard-durations PATH``, else of the default file, else none (``{}``).
+
+    Raises:
+        pytest.UsageError: the file cannot be read as durations (one line naming it).
+    """
+    given = config.getoption("shard_durations")
+    path = Path(given) if given else default_durations_path(config.rootpath)
+    return read_durations(path) if path is not None else {}
+
+
 class Sharding:
     """pytest hooks of ``--shard``: keep this shard's tests, deselect the others'."""
 
@@ -160,10 +171,7 @@ class Sharding:
         Raises:
             pytest.UsageError: a bad ``--shard`` value or durations file (one line).
         """
-        shard = parse_shard(config.getoption("shard"))
-        given = config.getoption("shard_durations")
-        path = Path(given) if given else default_durations_path(config.rootpath)
-        return cls(config, shard, read_durations(path) if path is not None else {})
+        return cls(config, parse_shard(config.getoption("shard")), durations_from_options(config))
 
     @pytest.hookimpl(trylast=True)  # after -m / -k deselected: every shard splits the same selection
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:

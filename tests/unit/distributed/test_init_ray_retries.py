@@ -85,6 +85,19 @@ def test_other_start_errors_are_not_retried(fake):
     assert ray.inits == 1
 
 
+def test_a_local_start_never_joins_another_cluster(fake, monkeypatch):
+    """Without an address Ray itself would join the machine's last `ray start`; "local" also ignores
+    RAY_ADDRESS (each pytest-xdist worker's own cluster)."""
+    ray = fake([])
+    ray_cluster.init_ray(num_cpus=2)
+    assert (ray.kwargs["address"], ray.kwargs["num_cpus"]) == ("local", 2)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    ray_cluster.init_ray(address="local", num_cpus=2)
+    assert (ray.kwargs["address"], ray.kwargs["num_cpus"]) == ("local", 2)
+    ray_cluster.init_ray(num_cpus=2)  # RAY_ADDRESS alone: join it
+    assert ray.kwargs["address"] == "10.0.0.1:6379" and "num_cpus" not in ray.kwargs
+
+
 @pytest.mark.parametrize("bad", ["0", "-1", "three", ""])
 def test_a_bad_attempt_count_is_one_line(fake, bad):
     ray = fake([], attempts=bad)

@@ -1,4 +1,5 @@
-"""``--cov`` counts code that only a Ray actor runs (coverage inside Ray workers)."""
+"""``--cov`` counts code that only a Ray actor runs (coverage inside Ray workers), in one process and
+under ``-n 2`` (pytest-xdist), where each worker starts a Ray cluster of its own."""
 
 from __future__ import annotations
 
@@ -10,18 +11,22 @@ from pathlib import Path
 
 import pytest
 
+from posttrain.testing.harness.parallel import available_cpus, thread_share
+
 REPO = Path(__file__).resolve().parents[4]
 TREE = REPO / "tests/unit/testing/harness/fixture_tree"
 
 
 @pytest.mark.slow
-def test_actor_only_lines_are_covered(tmp_path):
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one_process", "two_xdist_workers"])
+def test_actor_only_lines_are_covered(tmp_path, workers):
     env = {**os.environ, "POSTTRAIN_UNIT_RESULTS_DIR": str(tmp_path / "results"),
            "COVERAGE_FILE": str(tmp_path / ".coverage"),  # keep clear of any outer --cov run's data files
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.run(
-        ["bash", "tests/run_unit.sh", "-o", "python_files=case_*.py", "-p", "no:cacheprovider",
-         f"--cov={TREE}", f"--cov-report=json:{tmp_path / 'cov.json'}", str(TREE / "case_coverage.py")],
+        ["bash", "tests/run_unit.sh", *workers, "-o", "python_files=case_*.py", "-p", "no:cacheprovider",
+         f"--cov={TREE}", f"--cov-report=json:{tmp_path / 'cov.json'}", str(TREE / "case_coverage.py"),
+         str(TREE / "case_cluster.py")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "cov.json").read_text())
@@ -33,3 +38,14 @@ def test_actor_only_lines_are_covered(tmp_path):
     assert set(actor_only) <= set(actor_file["executed_lines"]), actor_file["missing_lines"]
     results = json.loads((tmp_path / "results" / "unit_results.json").read_text())
     assert results["coverage"] == pytest.approx(report["totals"]["percent_covered"], abs=0.01)
+    # Ray: one cluster in one process; under -n 2 (one module per worker) a cluster per worker, in its own
+    # session directory, each with the 2 CPUs the tests are sized for
+    clusters = [m for m in results["metrics"].values() if "gcs" in m]
+    assert len(clusters) == 2 and {m["cpus"] for m in clusters} == {2.0}
+    expected = 2 if workers else 1
+    assert len({m["gcs"] for m in clusters}) == len({m["session_dir"] for m in clusters}) == expected, clusters
+    if workers:
+        assert {m["worker"] for m in clusters} == {"gw0", "gw1"}
+        # a worker's torch: its share of the cores (or the OMP_NUM_THREADS this run inherited)
+        share = int(os.environ.get("OMP_NUM_THREADS") or thread_share(available_cpus(), 2))
+        assert {m["torch_threads"] for m in clusters} == {share}

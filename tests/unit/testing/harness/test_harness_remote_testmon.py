@@ -233,3 +233,27 @@ def test_the_import_map_follows_lazy_imports_conftests_helpers_and_the_package(t
     assert builder.entry(test_x, fixtures=["used"]) == expected
     assert builder.entry(test_x, fixtures=["used", "renamed"]) == sorted([*expected, "pkg/unused.py"])
     assert builder.entry(test_x) == sorted([*expected, "pkg/unused.py"])  # fixtures unknown: every body counts
+
+
+def test_under_xdist_workers_select_and_the_controller_records_after_a_passing_session(tree):
+    """``--testmon -n 2``: testmon selects in each worker; the map and state are written by the controller,
+    from what the workers collected, and only when nothing failed."""
+    n2 = ("-n", "2", "--dist", "loadfile")
+    result = tree.run(*n2)
+    assert tree.ran() == ALL
+    result.stdout.fnmatch_lines(["remote-aware testmon: +0 tests re-selected; 3 test modules seeded (no map entry)"])
+    assert json.loads((tree.path / MAP_FILE).read_text())["test_worker.py"] == [
+        "mypkg/__init__.py", "mypkg/remote.py", "mypkg/worker.py"]
+
+    tree.edit("mypkg/worker.py", "x + 1", "1 + x")
+    tree.edit("test_driver.py", "double(0) == 0", "double(0) == 1")
+    tree.run(*n2, "-m", "not slow", ret=1)  # -m: the tier's filter keeps the selection on in the workers too
+    assert tree.ran() == [*DRIVER_TESTS, *WORKER_TESTS]
+    tree.edit("test_driver.py", "double(0) == 1", "double(0) == 0")
+    result = tree.run(*n2)  # the failing session recorded nothing: the worker change is still pending
+    assert tree.ran() == ["test_driver.py::test_double_zero", *WORKER_TESTS]
+    result.stdout.fnmatch_lines(["remote-aware testmon: +1 tests re-selected for changed files: *mypkg/worker.py*"])
+    result = tree.run(*n2, "--fail-on-nothing-ran")
+    assert tree.ran() == []
+    result.stdout.fnmatch_lines(["*4 deselected: unaffected by your edits (--testmon)",
+                                 "nothing to re-run: no selected test is affected by your edits*"])

@@ -1,0 +1,21 @@
+"""Inner test of test_harness_coverage.py: records which Ray cluster this process's tests got."""
+
+import os
+
+import ray
+
+
+def record_cluster(tracker) -> None:
+    """Into unit_results.json: the cluster's GCS address, session directory and CPUs, the xdist worker and
+    this process's torch threads."""
+    import torch
+
+    tracker.track("gcs", ray.get_runtime_context().gcs_address)
+    tracker.track("session_dir", ray._private.worker._global_node.get_session_dir_path())
+    tracker.track("cpus", ray.cluster_resources()["CPU"])
+    tracker.track("worker", os.environ.get("PYTEST_XDIST_WORKER", "none"))
+    tracker.track("torch_threads", torch.get_num_threads())
+
+
+def test_records_its_ray_cluster(ray_cluster, tracker):
+    record_cluster(tracker)

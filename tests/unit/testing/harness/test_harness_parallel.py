@@ -1,0 +1,154 @@
+"""``-n N`` (pytest-xdist) with the harness (posttrain.testing.harness.parallel): the controller's
+unit_results.json holds what every worker's tests tracked, ``--shard`` runs exactly its part with its
+lines printed by the controller, the heaviest module goes out first, a worker's threads are its share
+of the CPUs, and "nothing ran" still exits 5. Ray per worker and coverage inside actors under ``-n 2``:
+test_harness_coverage.py; ``--testmon -n 2``: test_harness_remote_testmon.py.
+
+The inner runs are real pytest processes (``runpytest_subprocess``): xdist starts its workers from them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from posttrain.testing.harness.configurations import xdist_schedule_args
+from posttrain.testing.harness.parallel import (
+    SLOW_TEST_S,
+    available_cpus,
+    heaviest_modules_first,
+    thread_share,
+)
+from posttrain.testing.harness.shards import assign
+
+# ---------------------------------------------------------------- the decisions (pure)
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["-n", "auto"], ("--dist", "loadfile", "--no-loadscope-reorder")),
+    (["-x", "-n4", "tests/unit"], ("--dist", "loadfile", "--no-loadscope-reorder")),
+    (["--numprocesses=2"], ("--dist", "loadfile", "--no-loadscope-reorder")),
+    (["--numprocesses", "logical"], ("--dist", "loadfile", "--no-loadscope-reorder")),
+    (["-n", "2", "--dist", "load"], ()),  # the user's own --dist wins
+    (["--dist=loadscope", "-n", "2"], ()),
+    (["-n", "0"], ()),  # xdist off
+    (["-k", "refit", "tests/unit"], ()),
+    (["--", "-n", "2"], ()),  # after --: not options
+])
+def test_the_plan_schedules_by_module_only_when_workers_are_asked_for(args, expected):
+    assert xdist_schedule_args(args) == expected
+
+
+def test_the_heaviest_module_goes_first_and_ties_keep_the_collection_order():
+    ids = ["a.py::t0", "a.py::t1", "b.py::t0", "c.py::t0", "d.py::t0", "d.py::t1"]
+    durations = {"a.py::t0": 1.0, "a.py::t1": 1.0, "b.py::t0": 9.0, "c.py::t0": 2.0, "d.py::t0": 1.0, "d.py::t1": 1.0}
+    assert heaviest_modules_first(ids, durations) == ["b.py::t0", "a.py::t0", "a.py::t1", "c.py::t0", "d.py::t0",
+                                                      "d.py::t1"]
+    # a module's own tests keep their order; a test without a record weighs the median of the recorded (0.3)
+    assert heaviest_modules_first(["x.py::t1", "x.py::t0", "y.py::new", "y.py::t"],
+                                  {"x.py::t1": 0.2, "x.py::t0": 0.3, "y.py::t": 0.4}) == \
+        ["y.py::new", "y.py::t", "x.py::t1", "x.py::t0"]
+
+
+def test_a_slow_test_without_a_record_weighs_at_least_the_slow_markers_threshold():
+    ids = ["fast.py::t", "new_slow.py::t"]
+    durations = {"fast.py::t": SLOW_TEST_S - 1}
+    assert heaviest_modules_first(ids, durations) == ids
+    assert heaviest_modules_first(ids, durations, slow=frozenset({"new_slow.py::t"})) == ids[::-1]
+    # a recorded duration is the truth, marker or not
+    assert heaviest_modules_first(ids, {**durations, "new_slow.py::t": 0.1}, slow=frozenset({"new_slow.py::t"})) == ids
+
+
+@pytest.mark.parametrize(("cpus", "workers", "threads"), [(2, 2, 1), (16, 16, 1), (16, 4, 4), (16, 3, 5), (1, 4, 1)])
+def test_a_worker_gets_its_share_of_the_cpus_as_threads(cpus, workers, threads):
+    assert thread_share(cpus, workers) == threads
+
+
+# ---------------------------------------------------------------- pytest runs
+
+DURATIONS = {"test_alpha.py::test_0": 1.0, "test_beta.py::test_0": 2.0, "test_gamma.py::test_0": 0.5,
+             "test_zeta.py::test_0": 40.0}
+
+
+@pytest.fixture
+def tree(pytester, monkeypatch):
+    """Four modules whose tests track the worker and the thread count they saw; zeta, collected last, is
+    the heaviest by the durations file and has the fewest tests (xdist's own reordering would put it last)."""
+    monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
+    monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "0")
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # an outer xdist worker's would be inherited
+        monkeypatch.delenv(name, raising=False)
+    body = ("import os\nimport pytest\n\n{mark}def test_{i}(tracker):\n"
+            "    tracker.track('worker', os.environ['PYTEST_XDIST_WORKER'])\n"
+            "    tracker.track('threads', os.environ.get('OMP_NUM_THREADS'))\n")
+    for name, n in (("alpha", 3), ("beta", 2), ("gamma", 2), ("zeta", 1)):
+        pytester.makepyfile(**{f"test_{name}": "\n".join(
+            body.format(i=i, mark="@pytest.mark.slow\n" if name == "gamma" and i == 1 else "") for i in range(n))})
+    pytester.makeini("[pytest]\nposttrain_harness = true\nmarkers =\n    slow: slow\n")
+    (pytester.path / "durations.json").write_text(json.dumps(DURATIONS))
+    return pytester
+
+
+def run(pytester, workers: int, *args: str, ret: int = 0) -> pytest.RunResult:
+    """An inner run with ``workers`` workers, scheduled as run_unit.sh schedules ``-n``."""
+    n = ["-n", str(workers)]
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", "--shard-durations", "durations.json",
+                                           *n, *xdist_schedule_args(n), *args, timeout=120)
+    assert result.ret == ret, result.stdout.str() + result.stderr.str()
+    return result
+
+
+def metrics(pytester) -> dict[str, dict]:
+    return json.loads((pytester.path / "results" / "unit_results.json").read_text())["metrics"]
+
+
+def test_unit_results_hold_what_tests_tracked_on_two_workers(tree):
+    run(tree, 2)
+    got = metrics(tree)
+    assert len(got) == 8
+    assert {m["worker"] for m in got.values()} == {"gw0", "gw1"}  # two workers ran tests, and shipped them
+    for nodeid, values in got.items():
+        assert set(values) == {"_elapsed", "worker", "threads"}, nodeid
+        # each worker's torch / OpenMP threads: its share of the CPUs
+        assert values["threads"] == str(thread_share(available_cpus(), 2)), nodeid
+
+
+def test_a_thread_count_of_your_own_wins(tree, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    run(tree, 2, "-k", "zeta")
+    assert [m["threads"] for m in metrics(tree).values()] == ["3"]
+
+
+def test_the_heaviest_module_goes_out_first(tree):
+    result = run(tree, 1)  # one worker runs the scopes in the order xdist hands them out
+    # weights (a test without a record: the median of the recorded, 1.5 s; gamma's slow one: 30 s):
+    # zeta 40, gamma 0.5 + 30, alpha 1 + 1.5 + 1.5, beta 2 + 1.5. Collected: alpha, beta, gamma, zeta.
+    order = re.findall(r"PASSED (test_\w+)\.py::", result.stdout.str())
+    assert order == ["test_zeta", "test_gamma", "test_gamma", "test_alpha", "test_alpha", "test_alpha", "test_beta",
+                     "test_beta"], order
+
+
+def test_a_shard_runs_exactly_its_part_and_the_controller_prints_its_lines(tree):
+    everything = ["test_alpha.py::test_0", "test_alpha.py::test_1", "test_alpha.py::test_2", "test_beta.py::test_0",
+                  "test_beta.py::test_1", "test_gamma.py::test_0", "test_zeta.py::test_0"]  # -m drops gamma's slow one
+    expected = assign(everything, DURATIONS, 2)[1]
+    assert 0 < len(expected) < len(everything)
+    result = run(tree, 2, "--shard", "2/2", "-m", "not slow")
+    assert sorted(metrics(tree)) == sorted(expected)
+    result.stdout.fnmatch_lines([
+        "*collection (reported by the xdist workers)*",
+        f"shard 2/2: {len(expected)} of 7 selected tests (est. * s of * s)",
+        "*deselected by the configuration*",
+        "1 deselected: other (your -m / -k)",
+        f"{7 - len(expected)} deselected: in other shards (--shard 2/2)",
+    ])
+
+
+def test_nothing_ran_still_exits_5(tree):
+    result = run(tree, 2, "--fail-on-nothing-ran", "-m", "slow", "-k", "not gamma", ret=5)
+    result.stdout.fnmatch_lines(["nothing was tested: no test selected, or every selected test skipped (exit 5)"])
+    (tree.path / "test_skipped.py").write_text("import pytest\n\n@pytest.mark.skip(reason='no')\ndef test_s():\n"
+                                               "    pass\n")
+    run(tree, 2, "--fail-on-nothing-ran", "-k", "test_s", ret=5)
