@@ -72,6 +72,7 @@ def held_out(warm_start) -> tuple[HeldOutScores, list]:
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 @pytest.mark.parametrize("mode", list(MODES))
 def test_grpo_raises_held_out_sampling_accuracy(warm_start, held_out, mode, repeat_index, tmp_path) -> None:
     before, problems = held_out

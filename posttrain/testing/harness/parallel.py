@@ -40,6 +40,11 @@ from posttrain.testing.harness.shards import module_of, weights_of
 Role = Literal["single", "controller", "worker"]
 WORKER_OUTPUT_KEY = "posttrain"  # config.workeroutput[WORKER_OUTPUT_KEY][plugin key] = what a plugin ships
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# Ray starts its worker processes (every actor: policy, engines, producer) at nice 15, so that on a
+# node of its own they cannot starve the raylet. Under xdist the other workers' test processes run at
+# nice 0 and starve them instead: on 2 cores a Ray test that takes 16 s alone took minutes while an
+# in-process test ran in the other worker (and -n 8 on 16 cores finished 30% of the tier in 400 s).
+RAY_NICENESS_ENV = "RAY_worker_niceness"
 SLOW_MARKER = "slow"
 SLOW_TEST_S = 30.0  # a test marked slow without a recorded duration weighs this much (the marker's meaning)
 
@@ -77,12 +82,16 @@ def available_cpus() -> int:
 
 def limit_worker_threads(config: pytest.Config) -> int:
     """Worker: set ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` (where unset) to this worker's share; returns it.
+    Also ``RAY_worker_niceness=0`` (where unset): this worker's Ray actors compete with the other
+    workers' tests on equal terms (Ray's default nice 15 lets those starve them).
 
-    Runs at ``pytest_configure``, before any test module imports torch, which reads them once.
+    Runs at ``pytest_configure``, before any test module imports torch, which reads them once, and
+    before the worker's Ray cluster starts (its raylet reads the niceness from the environment).
     """
     share = thread_share(available_cpus(), int(config.workerinput["workercount"]))  # type: ignore[attr-defined]
     for name in THREAD_ENV_VARS:
         os.environ.setdefault(name, str(share))
+    os.environ.setdefault(RAY_NICENESS_ENV, "0")
     return share
 
 

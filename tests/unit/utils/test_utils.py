@@ -216,7 +216,9 @@ def test_timer_accumulates_and_pop_resets() -> None:
         pass
     got = timer.pop()
     assert set(got) == {"timing/generation", "timing/train"}
-    assert 0.04 <= got["timing/generation"] < 1.0
+    # a sum of two sleeps, not a timestamp; the upper bound is loose: a loaded machine (load 10-40
+    # seen in CI) can stretch a 20 ms sleep far beyond it, and speed belongs in benchmarks
+    assert 0.04 <= got["timing/generation"] < 60.0
     assert 0.0 <= got["timing/train"] < got["timing/generation"]
     assert timer.pop() == {}
     with timer.time("train"):

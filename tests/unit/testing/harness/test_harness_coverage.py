@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.testing.harness.parallel import available_cpus, thread_share
+from posttrain.testing.harness.parallel import RAY_NICENESS_ENV, available_cpus, thread_share
 
 REPO = Path(__file__).resolve().parents[4]
 TREE = REPO / "tests/unit/testing/harness/fixture_tree"
@@ -49,3 +49,8 @@ def test_actor_only_lines_are_covered(tmp_path, workers):
         # a worker's torch: its share of the cores (or the OMP_NUM_THREADS this run inherited)
         share = int(os.environ.get("OMP_NUM_THREADS") or thread_share(available_cpus(), 2))
         assert {m["torch_threads"] for m in clusters} == {share}
+        # its Ray actors at the test processes' priority: at Ray's default nice 15 the other workers'
+        # tests starve them (a Ray test took minutes instead of seconds on 2 cores)
+        assert {m["actor_niceness"] for m in clusters} == {0}
+    else:  # left alone: Ray's default 15, or what this run inherited (an outer xdist worker's 0)
+        assert {m["actor_niceness"] for m in clusters} == {int(os.environ.get(RAY_NICENESS_ENV, "15"))}

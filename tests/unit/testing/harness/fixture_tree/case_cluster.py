@@ -6,8 +6,8 @@ import ray
 
 
 def record_cluster(tracker) -> None:
-    """Into unit_results.json: the cluster's GCS address, session directory and CPUs, the xdist worker and
-    this process's torch threads."""
+    """Into unit_results.json: the cluster's GCS address, session directory and CPUs, the xdist worker,
+    this process's torch threads and the niceness of the cluster's worker processes."""
     import torch
 
     tracker.track("gcs", ray.get_runtime_context().gcs_address)
@@ -15,6 +15,13 @@ def record_cluster(tracker) -> None:
     tracker.track("cpus", ray.cluster_resources()["CPU"])
     tracker.track("worker", os.environ.get("PYTEST_XDIST_WORKER", "none"))
     tracker.track("torch_threads", torch.get_num_threads())
+    tracker.track("actor_niceness", ray.get(niceness.remote()))
+
+
+@ray.remote(num_cpus=0)
+def niceness() -> int:
+    """The niceness of the Ray worker process that runs this task (Ray's default for workers: 15)."""
+    return os.nice(0)
 
 
 def test_records_its_ray_cluster(ray_cluster, tracker):
