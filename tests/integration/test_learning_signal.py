@@ -16,14 +16,18 @@ each problem's seeds together) is above ``MIN_GAIN`` = 0 accuracy points.
 
 Calibration (``tests/integration/learning_signal.py``, each replicate a warm start of its own
 seed, standing in for another machine; docs/testing.md, "The learning-signal test", has the
-full table): 99% lower bound of the gain, mean / sd / worst over replicates, margin = mean / sd:
+full table): the 99% lower bound of the gain, mean / sd / worst over replicates:
 
-    machine (2 threads)                       replicates   sync                      async_k1
-    Xeon (H200 host), 2 pinned cores          10           0.123 / 0.031 / 0.070     0.150 / 0.038 / 0.080
-    H200 GPU, fp32 (TF32)                     7            0.122 / 0.025 / 0.094     0.138 / 0.019 / 0.117
-    AMD EPYC (this project's CPU machines)    see docs/testing.md
+    machine (2 threads a replicate)           replicates   sync                      async_k1
+    AMD EPYC, 2 cores (torch 2.13)            10           0.129 / 0.034 / 0.073     0.148 / 0.028 / 0.115
+    Xeon (H200 host), 2 pinned cores (2.11)   10           0.124 / 0.032 / 0.070     0.148 / 0.039 / 0.080
+    H200 GPU, fp32 (TF32)                     10           0.125 / 0.033 / 0.090     0.143 / 0.030 / 0.107
 
-Under the catalogue mutant ``advantages_zeroed`` the gain is exactly 0 and the bound 0: FAIL.
+All 60 verdicts passed; the mean bound is 3.8-5.4 spreads above MIN_GAIN on every machine type.
+This test (warm start seed 0): AMD 0.102 / 0.131, Xeon 0.138 / 0.152, GPU 0.099 / 0.117.
+
+Under the catalogue mutant ``advantages_zeroed`` the gain is exactly 0 and the bound 0: FAIL (both
+modes, on the AMD, on the Xeon's CPUs and on the H200 GPU).
 """
 
 from __future__ import annotations
