@@ -43,7 +43,11 @@ MCORE_WORKER = "posttrain/models/policy/megatron_policy_worker.py"
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
 # the others are the classes of issue 12.
 CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "stale-engine", "prompts", "megatron",
-           "resume", "lora", "async", "precision")
+           "resume", "lora", "async", "precision",
+           # issue 31, classes 1 and 5 (new class names, if any, on this line):
+           # issue 31, classes 2 and 4 (new class names, if any, on this line):
+           # issue 31, classes 7 and 8 (new class names, if any, on this line):
+           )
 
 
 @dataclass(frozen=True)
@@ -448,4 +452,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/config.py",
            (('return "float32" if precision == "fp32" else "bfloat16"', 'return "float32"'),),
            ("tests/unit/models/policy/test_precision.py",), klass="precision"),
+    # --- issue 31: classes 1 (resume restores the whole run) and 5 (values reach their code unchanged) ---
+    # --- issue 31: classes 2 (the behaviour distribution: temperature, top-k, top-p) and 4 (precision contracts) ---
+    # --- issue 31: classes 7 (the rule engine's edges) and 8 (the harness's own records) ---
 )
