@@ -170,21 +170,25 @@ class PolicyConfig(Section):
 
 class PolicyWorkerConfig(PolicyConfig):
     """What a policy worker is built with, across the Ray boundary: the ``policy`` section plus
-    three facts of the run - the sampling temperature (logprobs are computed at it, so engine
-    and trainer score alike), the torch device of the worker's model, and whether the loss
-    needs a reference policy."""
+    three facts of the run - the sampling distribution (temperature, top-k, top-p: logprobs of
+    sampled tokens are computed under it, so engine and trainer score alike), the torch device
+    of the worker's model, and whether the loss needs a reference policy."""
 
     temperature: float = Field(1.0, gt=0, description="generation.temperature")
+    top_k: int = Field(0, ge=0, description="generation.top_k")
+    top_p: float = Field(1.0, gt=0, le=1, description="generation.top_p")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cuda when the workers hold GPUs")
     reference: bool = Field(True, description="keep a frozen copy of the initial policy, the KL term's reference "
                             "(false for a run that never scores it: GRPO at kl_coef 0, SFT)")
 
     @classmethod
-    def of(cls, policy: PolicyConfig, temperature: float, device: str, reference: bool = True) -> PolicyWorkerConfig:
-        """``policy`` with the run's ``temperature``, ``device`` and whether it needs a
-        ``reference`` policy (workers read the precision as :attr:`resolved_precision`)."""
-        return cls.model_validate({**policy.model_dump(), "temperature": temperature, "device": device,
-                                   "reference": reference})
+    def of(cls, policy: PolicyConfig, temperature: float, device: str, reference: bool = True, top_k: int = 0,
+           top_p: float = 1.0) -> PolicyWorkerConfig:
+        """``policy`` with the run's sampling ``temperature``, ``top_k`` and ``top_p``, ``device``
+        and whether it needs a ``reference`` policy (workers read the precision as
+        :attr:`resolved_precision`)."""
+        return cls.model_validate({**policy.model_dump(), "temperature": temperature, "top_k": top_k,
+                                   "top_p": top_p, "device": device, "reference": reference})
 
     @property
     def resolved_precision(self) -> Precision:
@@ -196,7 +200,8 @@ class RefitProbeConfig(Section):
     """The weight-sync probe: after every refit, fixed sequences are scored by the engine and
     by the trainer; their mean absolute logprob difference must stay under a bound."""
 
-    num_sequences: int = Field(8, ge=0, description="probe sequences; 0 turns the probe off")
+    num_sequences: int = Field(8, ge=0, description="probe sequences (at least one per engine is used); "
+                               "0 turns the probe off")
     prompt_tokens: int = Field(8, ge=1)
     completion_tokens: int = Field(8, ge=1)
     max_logprob_error: float | Literal["auto"] | None = Field(
@@ -347,7 +352,10 @@ def _format_error(err: ValidationError) -> str:
     where = ".".join(str(p) for p in first["loc"]) or "<root>"
     if first["type"] == "extra_forbidden":
         return f"unknown config key '{where}'"
-    return f"bad value for '{where}': {first['msg']} (got {first.get('input')!r})"
+    got = first.get("input")
+    # a rule across a section's keys (a model validator) names them itself: no dump of the section
+    detail = "" if isinstance(got, dict) else f" (got {got!r})"
+    return f"bad value for '{where}': {first['msg']}{detail}"
 
 
 def load_config(path: str | Path, overrides: list[str], schema: type[S]) -> S:

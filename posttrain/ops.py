@@ -51,17 +51,84 @@ def completion_logits(logits: torch.Tensor, prompt_lens: torch.Tensor, completio
     return logits.gather(1, index)
 
 
+def sampling_mask(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The tokens top-k and then top-p sampling keep, as vLLM (``apply_top_k_top_p``) and Hugging
+    Face (``TopKLogitsWarper``, ``TopPLogitsWarper``) decide them: top-k keeps every token whose
+    logit is at least the k-th largest (ties kept); top-p then sorts the remaining tokens'
+    renormalised probabilities in ascending order and drops those whose cumulative sum is
+    ``<= 1 - top_p``, keeping at least the most likely token.
+
+    Args:
+        logits: ``[..., V]`` the logits the engine samples from, after the temperature
+            (top-p depends on it; top-k does not).
+        top_k: 0 (or >= V): no top-k.
+        top_p: in (0, 1]; 1.0: no top-p.
+
+    Returns:
+        ``[..., V]`` bool, True for a kept token; no gradient.
+    """
+    with torch.no_grad():
+        keep = torch.ones_like(logits, dtype=torch.bool)
+        if 0 < top_k < logits.shape[-1]:
+            kth = logits.topk(top_k, dim=-1).values[..., -1:]  # [..., 1]
+            keep = logits >= kth
+        if top_p < 1.0:
+            ranked, order = logits.masked_fill(~keep, float("-inf")).sort(dim=-1)  # ascending
+            tail = ranked.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - top_p  # [..., V], sorted order
+            tail[..., -1] = False  # the most likely token always stays
+            keep = keep & ~torch.zeros_like(tail).scatter(-1, order, tail)
+    return keep
+
+
+def sampling_log_softmax(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                         targets: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-probabilities of the distribution an engine samples from: ``logits / T`` restricted to
+    :func:`sampling_mask`'s tokens and renormalised over them (``-inf`` elsewhere). Computed in
+    float32 whatever the logits' dtype.
+
+    Args:
+        logits: ``[..., V]``.
+        temperature: > 0.
+        top_k, top_p: as :func:`sampling_mask` (0 and 1.0: the whole vocabulary).
+        targets: ``[...]`` int64, the tokens that were sampled: each is kept in its own
+            position's set even where this side's mask drops it. Two sides rounding a
+            boundary token differently (an engine in bf16, the trainer in fp32; the reference
+            policy, which never sampled) would otherwise score a sampled token at ``-inf``,
+            and its ratio and KL at NaN.
+
+    Returns:
+        ``[..., V]`` float32.
+
+    Raises:
+        ValueError: temperature <= 0.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    scaled = logits.float() / temperature
+    if top_k > 0 or top_p < 1.0:
+        keep = sampling_mask(scaled, top_k, top_p)
+        if targets is not None:
+            keep = keep.scatter(-1, targets[..., None], True)
+        scaled = scaled.masked_fill(~keep, float("-inf"))
+    return torch.log_softmax(scaled, dim=-1)
+
+
 def compute_logprobs(
     logits: torch.Tensor,
     input_ids: torch.Tensor,
     prompt_lens: torch.Tensor,
     completion_len: int,
     temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> torch.Tensor:
-    """Per-token log-probabilities of the completion tokens under ``logits / temperature``.
+    """Per-token log-probabilities of the completion tokens under the sampling distribution:
+    ``logits / temperature``, restricted to the top-k / top-p tokens and renormalised
+    (:func:`sampling_log_softmax`; the sampled token is always in its position's set).
 
     ``out[b, j] = log_softmax(logits[b, p_b + j - 1] / T)[input_ids[b, p_b + j]]`` with
-    ``p_b = prompt_lens[b]``. Computed in float32 (log_softmax of large logits stays finite).
+    ``p_b = prompt_lens[b]`` (without top-k / top-p). Computed in float32 (log_softmax of
+    large logits stays finite; the logits of a bf16 model are upcast first).
 
     Args:
         logits: ``[B, S, V]`` model output for ``input_ids``.
@@ -69,6 +136,7 @@ def compute_logprobs(
         prompt_lens: ``[B]`` int64.
         completion_len: L, the completion window (``TokenBatch.completion_mask.shape[1]``).
         temperature: the sampling temperature the tokens were drawn with (> 0).
+        top_k, top_p: the truncation they were drawn with (0 and 1.0: none).
 
     Returns:
         ``[B, L]`` float32 logprobs; entries past a sequence's completion are meaningless
@@ -81,11 +149,13 @@ def compute_logprobs(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     selected = completion_logits(logits, prompt_lens, completion_len).float() / temperature
     targets = input_ids.gather(1, completion_positions(prompt_lens, completion_len, input_ids.shape[1]))
-    return torch.log_softmax(selected, dim=-1).gather(-1, targets[:, :, None]).squeeze(-1)
+    logp = sampling_log_softmax(selected, 1.0, top_k, top_p, targets)  # [B, L, V]
+    return logp.gather(-1, targets[:, :, None]).squeeze(-1)
 
 
 def compute_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor, prompt_lens: torch.Tensor,
-                                 completion_len: int, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                                 completion_len: int, temperature: float = 1.0, top_k: int = 0,
+                                 top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`compute_logprobs` (with grad) and :func:`compute_entropy` (without) from one
     ``log_softmax`` over the completion positions: a train step needs both, and the
     ``[B, L, V]`` float32 pass is the largest memory-bound op of a step at a large vocabulary.
@@ -96,29 +166,30 @@ def compute_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor, 
     Raises:
         ValueError: as :func:`compute_logprobs`.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    logp = torch.log_softmax(completion_logits(logits, prompt_lens, completion_len).float() / temperature, dim=-1)
     targets = input_ids.gather(1, completion_positions(prompt_lens, completion_len, input_ids.shape[1]))
+    logp = sampling_log_softmax(completion_logits(logits, prompt_lens, completion_len), temperature, top_k, top_p,
+                                targets)
     with torch.no_grad():
         entropy = _entropy(logp)
     return logp.gather(-1, targets[:, :, None]).squeeze(-1), entropy
 
 
 def _entropy(logp: torch.Tensor) -> torch.Tensor:
-    """``-sum_v p_v log p_v`` over the last dimension of log-probabilities ``logp``."""
-    return -(logp.exp() * logp).sum(-1)
+    """``-sum_v p_v log p_v`` over the last dimension of log-probabilities ``logp`` (a token
+    outside the top-k / top-p set, ``logp = -inf``, adds 0, not ``0 * -inf``)."""
+    return -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(-1)
 
 
 def compute_entropy(logits: torch.Tensor, prompt_lens: torch.Tensor, completion_len: int,
-                    temperature: float = 1.0) -> torch.Tensor:
-    """Entropy (nats) of the sampling distribution ``softmax(logits / T)`` at each completion
-    position: the distribution the completion tokens were drawn from and that
-    :func:`compute_logprobs` scores.
+                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Entropy (nats) of the sampling distribution at each completion position: ``softmax(logits
+    / T)`` over the top-k / top-p tokens (:func:`sampling_log_softmax`), the distribution the
+    completion tokens were drawn from and that :func:`compute_logprobs` scores.
 
     Args:
         logits: ``[B, S, V]``; prompt_lens: ``[B]``; completion_len: L.
         temperature: the sampling temperature (> 0).
+        top_k, top_p: the sampling truncation (0 and 1.0: none).
 
     Returns:
         ``[B, L]`` float32 entropies ``-sum_v p_v log p_v``; entries past a sequence's
@@ -127,10 +198,8 @@ def compute_entropy(logits: torch.Tensor, prompt_lens: torch.Tensor, completion_
     Raises:
         ValueError: bad ``prompt_lens`` (see :func:`completion_logits`) or temperature <= 0.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    logp = torch.log_softmax(completion_logits(logits, prompt_lens, completion_len).float() / temperature, dim=-1)
-    return _entropy(logp)
+    return _entropy(sampling_log_softmax(completion_logits(logits, prompt_lens, completion_len), temperature,
+                                         top_k, top_p))
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,10 @@ HARNESS = "posttrain.testing.harness.plugin"
 _autoloaded = (any(ep.value == HARNESS for ep in entry_points(group="pytest11"))
                and not os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"))
 pytest_plugins = ["pytester"] if _autoloaded else ["pytester", HARNESS]
+# Ray reads this once, when it is imported (posttrain.distributed sets it too, but a test may import
+# ray first): under `uv run python -m pytest` it would start every worker through `uv run`, which
+# rebuilds the worker's environment, as run_unit.sh and run_mutants.py already prevent.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 
 @pytest.fixture(scope="session")

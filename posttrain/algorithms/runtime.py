@@ -22,6 +22,7 @@ from posttrain.config import (
 from posttrain.data.chat import ChatEncoder
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
 from posttrain.errors import ConfigError, StaleWeightsError
+from posttrain.models.generation.engine_group import EngineGroup
 from posttrain.models.generation.factory import create_generation, num_bundles, resolve_backend
 from posttrain.models.generation.interfaces import Generation
 from posttrain.models.policy.interfaces import PolicyInterface
@@ -99,8 +100,8 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     The backend is ``generation.backend`` resolved (``auto``: vLLM when installed). The
     policy takes bundle 0 (and one more per extra tensor-parallel rank of a Megatron
     policy); colocated vLLM engines share bundle 0, other engines take one bundle each.
-    The policy workers compute logprobs at the sampling temperature, so the engine's and
-    the trainer's logprobs of the same tokens are comparable.
+    The policy workers compute logprobs under the sampling distribution (temperature, top-k,
+    top-p), so the engine's and the trainer's logprobs of the same tokens are comparable.
 
     Raises:
         ConfigError: vLLM asked for and not installed; a Megatron policy without
@@ -111,7 +112,8 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     """
     from transformers import AutoTokenizer
 
-    worker_cfg = PolicyWorkerConfig.of(policy, generation.temperature, cluster.device, with_reference)
+    worker_cfg = PolicyWorkerConfig.of(policy, generation.temperature, cluster.device, with_reference,
+                                       top_k=generation.top_k, top_p=generation.top_p)
     check_backend(worker_cfg, cluster.gpus_per_worker)
     model_path = resolve_model_path(model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -121,7 +123,7 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     policy_workers = num_policy_workers(worker_cfg)
     bundles = num_bundles(generation, backend, policy_workers) if backend else policy_workers
     vc = RayVirtualCluster(bundles, num_cpus=cluster.cpus_per_worker, num_gpus=cluster.gpus_per_worker)
-    gen: Generation | None = None
+    gen: EngineGroup | None = None
     try:
         pol = Policy(vc, model_path, worker_cfg, seed, bundle_indices=list(range(policy_workers)))
     except BaseException:
@@ -141,7 +143,8 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
                 part.shutdown()
         vc.shutdown()
         raise
-    probe = (RefitProbe(generation.refit_probe, tokenizer, generation.temperature, worker_cfg.resolved_precision)
+    probe = (RefitProbe(generation.refit_probe, tokenizer, generation.temperature, worker_cfg.resolved_precision,
+                        num_engines=gen.num_engines)
              if generation.refit_probe.num_sequences and gen is not None else None)
     engine = "no generation engine"
     if backend:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from posttrain.algorithms import checkpointing
 from posttrain.algorithms.evaluation import greedy_accuracy, is_validation_step
@@ -40,6 +40,17 @@ class SFTMasterConfig(RunConfig):
     """Top-level schema of ``examples/configs/sft_*.yaml``."""
 
     sft: SFTConfig = SFTConfig()
+
+    @model_validator(mode="after")
+    def _no_sampling_truncation(self) -> SFTMasterConfig:
+        # The policy scores its tokens under the sampling distribution (top-k / top-p
+        # included), right for sampled tokens; SFT never samples (validation is greedy), and
+        # a truncated NLL would stop pushing down the tokens outside the set.
+        gen = self.generation
+        if gen.top_k != 0 or gen.top_p != 1.0:
+            raise ValueError(f"generation.top_k={gen.top_k}, top_p={gen.top_p}: SFT never samples (its validation "
+                             "is greedy); leave them at 0 and 1.0")
+        return self
 
 
 def sft_batch(chat: ChatEncoder, problems: list[MathProblem]) -> TokenBatch:

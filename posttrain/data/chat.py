@@ -31,8 +31,11 @@ class ChatEncoder:
     def _sft_example(self, question: str, response: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(prompt ids, response ids) of a user/assistant exchange; the response ends with EOS.
 
-        The response ids are the conversation's ids after the prompt's, so whatever the
-        template appends to an assistant turn (EOS here) is trained on.
+        The response ids are the conversation's ids after the prompt's (which ends with the
+        assistant header, where the template has one), up to and including the first EOS: the
+        end-of-turn token is trained on, as the model must learn to stop; whatever a template
+        renders after it (an instruct template's newline between turns) is never generated, so
+        it is not trained on either.
 
         Raises:
             ValueError: the template renders the conversation with a prefix other than the prompt.
@@ -42,4 +45,6 @@ class ChatEncoder:
         full = self._render(messages, add_generation_prompt=False)
         if tuple(full[: len(prompt)]) != prompt:
             raise ValueError("chat template: the conversation does not start with the generation prompt")
-        return prompt, tuple(full[len(prompt):])
+        turn = full[len(prompt):]
+        eos = self.tokenizer.eos_token_id
+        return prompt, tuple(turn[: turn.index(eos) + 1] if eos in turn else turn)

@@ -29,7 +29,8 @@ from posttrain.data.batch import TokenBatch
 class TrainerSpec:
     """The config values the replay trains with (those of the run, or deliberately others).
 
-    ``clip_eps`` / ``kl_coef`` are None for SFT (NLL loss).
+    ``clip_eps`` / ``kl_coef`` are None for SFT (NLL loss); ``top_k`` / ``top_p`` are the
+    sampling truncation GRPO's tokens were drawn with (0 and 1.0: none).
     """
 
     lr: float
@@ -41,6 +42,8 @@ class TrainerSpec:
     temperature: float
     clip_eps: float | None = None
     kl_coef: float | None = None
+    top_k: int = 0
+    top_p: float = 1.0
 
     @classmethod
     def of(cls, cfg, loss: str) -> TrainerSpec:
@@ -49,7 +52,8 @@ class TrainerSpec:
         grpo = cfg.grpo if loss == "grpo" else None
         return cls(p.lr, p.weight_decay, (p.betas[0], p.betas[1]), p.warmup_steps, p.max_grad_norm,
                    p.train_global_batch_size, cfg.generation.temperature,
-                   grpo.clip_eps if grpo else None, grpo.kl_coef if grpo else None)
+                   grpo.clip_eps if grpo else None, grpo.kl_coef if grpo else None,
+                   cfg.generation.top_k, cfg.generation.top_p)
 
 
 def completion_tokens(batch: TokenBatch) -> list[list[tuple[int, int]]]:
@@ -61,20 +65,41 @@ def completion_tokens(batch: TokenBatch) -> list[list[tuple[int, int]]]:
     return rows
 
 
-def token_distributions(model: torch.nn.Module, batch: TokenBatch, temperature: float) -> list[torch.Tensor]:
-    """Per row, ``[n_b, V]`` log-probabilities (at ``temperature``) of the next-token
-    distribution that predicts each completion token: the logits one position earlier."""
+def dropped_by_sampler(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """``[n, V]`` bool: the tokens a top-k-then-top-p sampler drops at each of ``n`` positions of
+    tempered logits ``[n, V]``, worked out in descending order: beyond the k largest (ties with the
+    k-th stay), then every token once the renormalised mass of the ones kept before it reaches p."""
+    ranked, order = scaled.detach().sort(dim=-1, descending=True)
+    if top_k:
+        kth = min(top_k, ranked.shape[-1]) - 1
+        ranked = ranked.masked_fill(ranked < ranked[:, kth : kth + 1], float("-inf"))
+    mass_before = ranked.softmax(-1).cumsum(-1) - ranked.softmax(-1)  # [n, V], descending order
+    drop = torch.isinf(ranked) | (mass_before >= top_p)
+    return torch.zeros_like(drop).scatter(-1, order, drop)
+
+
+def token_distributions(model: torch.nn.Module, batch: TokenBatch, temperature: float, top_k: int = 0,
+                        top_p: float = 1.0) -> list[torch.Tensor]:
+    """Per row, ``[n_b, V]`` log-probabilities of the sampling distribution (``temperature``,
+    renormalised over the ``top_k`` / ``top_p`` tokens, each sampled token kept in its own
+    position's set) that predicts each completion token: the logits one position earlier."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, S, V]
     out = []
     for b, tokens in enumerate(completion_tokens(batch)):
         before = torch.tensor([pos - 1 for pos, _ in tokens], dtype=torch.long)
-        out.append(torch.log_softmax(logits[b, before].float() / temperature, dim=-1))
+        scaled = logits[b, before].float() / temperature  # [n_b, V]
+        if top_k or top_p < 1.0:
+            drop = dropped_by_sampler(scaled, top_k, top_p)
+            drop[torch.arange(len(tokens)), torch.tensor([t for _, t in tokens], dtype=torch.long)] = False
+            scaled = scaled.masked_fill(drop, float("-inf"))
+        out.append(torch.log_softmax(scaled, dim=-1))
     return out
 
 
-def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float) -> list[torch.Tensor]:
+def token_logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float, top_k: int = 0,
+                   top_p: float = 1.0) -> list[torch.Tensor]:
     """Per row, ``[n_b]`` logprob of each completion token (with grad when the model has it)."""
-    dists = token_distributions(model, batch, temperature)
+    dists = token_distributions(model, batch, temperature, top_k, top_p)
     return [d[torch.arange(len(toks)), torch.tensor([t for _, t in toks], dtype=torch.long)]
             for d, toks in zip(dists, completion_tokens(batch), strict=True)]
 
@@ -115,7 +140,7 @@ class ReplayTrainer:
         """Loss and metrics of global batch ``rows`` at the current weights."""
         spec = self.spec
         sub = batch.select(slice(rows.start, rows.stop))
-        dists = token_distributions(self.model, sub, spec.temperature)
+        dists = token_distributions(self.model, sub, spec.temperature, spec.top_k, spec.top_p)
         toks = completion_tokens(sub)
         num_tokens = sum(len(t) for t in toks)
         total = torch.zeros(())
@@ -124,7 +149,7 @@ class ReplayTrainer:
         for i, (dist, row) in enumerate(zip(dists, toks, strict=True)):
             b = rows.start + i
             with torch.no_grad():
-                entropy += float(-(dist.exp() * dist).sum())
+                entropy += float(-(dist.exp() * dist).nan_to_num(nan=0.0).sum())  # 0 * -inf: a dropped token
             for j, (_, token) in enumerate(row):
                 logp = dist[j, token]
                 if spec.clip_eps is None:  # SFT: negative log-likelihood of the response token
@@ -158,7 +183,8 @@ class ReplayTrainer:
         (eval mode), zeros past each row: the old policy of a train call starting now."""
         self.model.eval()
         with torch.no_grad():
-            old = padded(token_logprobs(self.model, batch, self.spec.temperature), batch.completion_mask.shape[1])
+            old = padded(token_logprobs(self.model, batch, self.spec.temperature, self.spec.top_k, self.spec.top_p),
+                         batch.completion_mask.shape[1])
         self.model.train()
         return old
 

@@ -8,17 +8,22 @@ half way and leave it looking consistent). Counts are compared as ``Counter`` of
 a sample trained twice and another never trained has the same set size as a correct run.
 
 The loop tests run ``grpo.train`` itself: k = 0 must reproduce the synchronous loop's
-samples, and a producer that fails must reach the trainer as its one-line error.
+samples, a resumed run's first step is sampled by the restored weights, and a producer that
+fails must reach the trainer as its one-line error.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import ray
+import torch
+from same_run import assert_same_steps
 
 from posttrain.algorithms import async_grpo, grpo
 from posttrain.algorithms.loss_functions import ClippedPGLoss
@@ -27,6 +32,7 @@ from posttrain.algorithms.runtime import refit
 from posttrain.config import load_config
 from posttrain.data.datasets import load_problems
 from posttrain.errors import BufferTimeoutError, ConfigError
+from posttrain.models.policy import lm_policy
 from posttrain.rollouts.buffer import BufferStatus, start_rollout_buffer
 from posttrain.rollouts.fan_out import shard_for_data_parallel
 from posttrain.rollouts.filters import StalenessFilter
@@ -36,6 +42,13 @@ from posttrain.utils.timer import Timer
 GRPO_YAML = str(Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_arithmetic.yaml")
 STEPS, P, G, DP = 5, 4, 4, 3
 N = P * G
+LOOP = ["generation.backend=hf", "cluster.cpus_per_worker=0.5", "grpo.val_period=0", "policy.lr=1e-2",
+        "grpo.num_steps=3"]
+# A job the untrained tiny model earns rewards in: one-digit sums answered in one token, 8 per
+# prompt (the producer actor scores with the real verifier; a test cannot patch it there), so
+# some groups vary and the KL term acts once the weights moved: steps 2 and 3 train.
+LEARNABLE = ["data.arithmetic.operand_digits=1", "generation.max_new_tokens=1", "grpo.completions_per_prompt=8",
+             "grpo.kl_coef=0.1"]
 
 
 def async_cfg(model_path: str, *overrides: str) -> grpo.GRPOMasterConfig:
@@ -117,13 +130,22 @@ def test_claim_filter_fan_out_clear_with_a_real_producer(hf_runtime) -> None:
     assert Counter(final.consumed_ids) == every_id
 
 
-def test_max_staleness_0_reproduces_the_synchronous_run(ray_cluster, tiny_model_path, tmp_path) -> None:
-    base = ["generation.backend=hf", "cluster.cpus_per_worker=0.5", "grpo.val_period=0", "policy.lr=1e-2",
-            "grpo.num_steps=3"]
-    sync = grpo.train(async_cfg(tiny_model_path, *base, "grpo.async.enabled=false",
+@pytest.fixture(scope="module")
+def k0_run(ray_cluster, tiny_model_path, tmp_path_factory) -> tuple[dict, Path]:
+    """The learnable job, asynchronous with k = 0, checkpointed after every step: its metrics
+    and its directory (``log/``, ``ckpt/``)."""
+    tmp = tmp_path_factory.mktemp("async_k0")
+    metrics = grpo.train(async_cfg(tiny_model_path, *LOOP, *LEARNABLE, "grpo.async.max_staleness=0",
+                                   f"logger.log_dir={tmp / 'log'}", f"checkpoint.dir={tmp / 'ckpt'}",
+                                   "checkpoint.save_period=1"))
+    return metrics, tmp
+
+
+def test_max_staleness_0_reproduces_the_synchronous_run(k0_run, tiny_model_path, tmp_path) -> None:
+    sync = grpo.train(async_cfg(tiny_model_path, *LOOP, *LEARNABLE, "grpo.async.enabled=false",
                                 f"logger.log_dir={tmp_path / 'sync'}"))
-    k0 = grpo.train(async_cfg(tiny_model_path, *base, "grpo.async.max_staleness=0",
-                              f"logger.log_dir={tmp_path / 'k0'}"))
+    k0 = k0_run[0]
+    assert sync["train/grad_norm"]["3"] > 0  # the weights move: equal runs mean the same training
     assert k0["async/staleness_max"] == {"1": 0.0, "2": 0.0, "3": 0.0}
     assert not any(key.startswith("async/") for key in sync), "the synchronous loop ran asynchronously"
     assert len(k0["train/token_mult_prob_error"]) == 3  # on-policy: engine/trainer agreement every step
@@ -131,6 +153,25 @@ def test_max_staleness_0_reproduces_the_synchronous_run(ray_cluster, tiny_model_
         assert k0[key] == sync[key], key
     for key in ("train/loss", "train/grad_norm", "train/entropy"):
         assert k0[key] == pytest.approx(sync[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_resumed_async_run_samples_its_first_step_with_the_restored_weights(k0_run, tiny_model_path,
+                                                                               tmp_path) -> None:
+    """The documented difference of an asynchronous resume: the producer starts at the step
+    after the checkpoint, with the restored weights, so that step is sampled on-policy
+    (staleness 0) whatever k. From step 2 of the k = 0 run, a k = 1 run logs step 3 as the
+    uninterrupted k = 0 run did (samples, rewards, loss, KL, validation, probe), except the
+    engine/trainer agreement a k >= 1 run never logs; its metrics.json continues at step 3."""
+    k0, tmp = k0_run
+    resumed = grpo.train(async_cfg(tiny_model_path, *LOOP, *LEARNABLE, "grpo.async.max_staleness=1",
+                                   f"logger.log_dir={tmp / 'log'}", f"checkpoint.dir={tmp_path / 'ckpt'}",
+                                   f"checkpoint.resume={tmp / 'ckpt' / 'step_2'}"))
+    assert k0["train/grad_norm"]["3"] > 0 and k0["train/kl"]["3"] > 0  # step 3 trains, against the reference
+    assert resumed["async/staleness_max"]["3"] == 0.0
+    assert_same_steps({k: v for k, v in k0.items() if k != "train/token_mult_prob_error"}, resumed, range(3, 4))
+    logged = json.loads((tmp / "log" / "metrics.json").read_text())
+    assert sorted(map(int, logged["train/loss"])) == [1, 2, 3]
+    assert all(logged["train/loss"][s] == k0["train/loss"][s] for s in ("1", "2"))
 
 
 def test_a_buffer_too_small_for_max_staleness_is_one_line() -> None:
@@ -142,12 +183,21 @@ def test_a_buffer_too_small_for_max_staleness_is_one_line() -> None:
 
 
 def test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop(ray_cluster, tiny_model_path, tmp_path,
-                                                                       capsys) -> None:
+                                                                       capsys, monkeypatch) -> None:
     """k = 1 trains on samples of the previous weights (and never older); the buffer has the
-    configured size; the cap turns on the truncated importance weight, which stays below it."""
+    configured size; the cap turns on the truncated importance weight, which stays below it,
+    and the loss the loop trains with truncates at exactly the configured 2.5 (no cast, no clamp)."""
+    losses = []  # the loss objects the loop hands the policy (driver side)
+    train = lm_policy.Policy.train
+
+    def recording_train(self, batch, extra, loss_fn):
+        losses.append(loss_fn)
+        return train(self, batch, extra, loss_fn)
+
+    monkeypatch.setattr(lm_policy.Policy, "train", recording_train)
     metrics = grpo.train(async_cfg(tiny_model_path, "generation.backend=hf", "cluster.cpus_per_worker=0.5",
                                    "grpo.val_period=0", "policy.lr=1e-2", "grpo.num_steps=4",
-                                   "grpo.async.buffer_size=40", "grpo.async.importance_weight_cap=1.5",
+                                   "grpo.async.buffer_size=40", "grpo.async.importance_weight_cap=2.5",
                                    f"logger.log_dir={tmp_path}"))
     assert "the producer samples up to 1 step(s) ahead, rollout buffer of 40 samples" in capsys.readouterr().out
     assert max(metrics["async/staleness_max"].values()) == 1.0  # the producer ran ahead ...
@@ -155,7 +205,12 @@ def test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop(ray_cluster
     assert set(metrics["async/dropped_samples"].values()) == {0.0}
     assert "train/token_mult_prob_error" not in metrics  # with k >= 1 it would have gaps
     weights = metrics["train/importance_weight"].values()
-    assert len(weights) == 4 and all(0 < w <= 1.5 for w in weights)
+    assert len(weights) == 4 and all(0 < w <= 2.5 for w in weights)
+    # pi_trainer / pi_behaviour of 4 and of 2 on two tokens: weights 2.5 (truncated) and 2
+    gaps = torch.tensor([[math.log(4.0), math.log(2.0)]])
+    data = {"completion_mask": torch.ones(1, 2), "advantages": torch.ones(1), "old_logprobs": gaps,
+            "behaviour_logprobs": torch.zeros(1, 2)}
+    assert len(losses) == 4 and losses[0](gaps, data, 2.0)[1]["importance_weight"] == pytest.approx(2.25, rel=1e-6)
 
 
 def test_a_claim_timeout_is_one_line_naming_the_key(ray_cluster, tiny_model_path, tmp_path) -> None:

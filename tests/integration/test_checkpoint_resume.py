@@ -2,7 +2,9 @@
 
 The equivalence: a run of 2N steps and a run of N steps resumed for N more log the same
 values for steps N+1..2N (every metric but wall-clock timings and memory), and the resumed
-run's metrics.json continues at N+1 with no step missing or repeated.
+run's metrics.json continues at N+1 with no step missing or repeated. Beyond the weights,
+optimizer and sampler: the KL term's frozen reference stays the initial model after a resume
+(every backend), and a run that had met its stop condition does nothing more when run again.
 """
 
 from __future__ import annotations
@@ -11,10 +13,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from harness.policy_backends import BACKENDS, make_worker
 from learnable_reward import low_digit_reward
 from same_run import assert_same_steps
 
 from posttrain.algorithms import grpo, sft
+from posttrain.algorithms.loss_functions import ClippedPGLoss
+from posttrain.data.batch import make_batch
 from posttrain.errors import ConfigError
 from posttrain.utils.checkpoint import COMPLETE
 
@@ -72,6 +78,35 @@ def test_a_resumed_run_logs_what_the_uninterrupted_run_logged(in_process, tiny_m
     logged = json.loads((tmp_path / "log" / "metrics.json").read_text())
     assert sorted(map(int, logged["train/loss"])) == [1, 2, 3, 4]
     assert logged["train/loss"]["1"] == first.metrics["train/loss"]["1"]
+    if algorithm is grpo:  # kl_coef 0.1: the KL term's reference after the resume is the initial model
+        assert all(resumed.metrics["train/kl"][s] > 1e-2 for s in ("3", "4"))  # large enough to be seen
+        refs = [[c.result for c in r.calls("policy", "get_logprobs") if c.kwargs.get("reference")]
+                for r in (whole, resumed)]
+        assert len(refs[0]) == 4 and len(refs[1]) == 2
+        for got, want in zip(refs[1], refs[0][2:], strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_loaded_checkpoint_trains_on_from_its_weights_against_the_initial_reference(backend, tiny_model_path,
+                                                                                     tmp_path) -> None:
+    """A worker that loads a checkpoint scores as the one that saved it, and its reference (the KL
+    term's) still scores as the initial model: not the checkpoint's weights, which would make the
+    KL read 0 at the resume and drift from the uninterrupted run's."""
+    kw = {"lr": 1e-2, "train_global_batch_size": 4, "train_micro_batch_size": 4}
+    trained = make_worker(backend, tiny_model_path, **kw)
+    batch = make_batch([[2, 3, 4], [5, 6], [7, 8, 9, 10], [4, 4]], [[11, 12], [13], [14, 15, 16], [12, 3]], 0)
+    initial = trained.get_logprobs(batch)
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    for _ in range(2):
+        trained.train(batch, {"advantages": advantages}, ClippedPGLoss())
+    trained.save_checkpoint(str(tmp_path / "ckpt"), tokenizer_path=tiny_model_path)
+    resumed = make_worker(backend, tiny_model_path, **kw)
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    now = trained.get_logprobs(batch)
+    assert (now - initial).abs().max() > 1e-2  # it trained: a reference taken from the checkpoint would show
+    torch.testing.assert_close(resumed.get_logprobs(batch), now, rtol=0, atol=1e-6)
+    torch.testing.assert_close(resumed.get_logprobs(batch, reference=True), initial, rtol=0, atol=1e-6)
 
 
 def test_resume_auto_takes_the_newest_complete_checkpoint_and_never_starts_over(in_process, tiny_model_path,
@@ -130,10 +165,12 @@ def test_steps_logged_after_the_checkpoint_by_the_interrupted_run_are_dropped(in
     assert logged["train/loss"]["3"] == resumed.metrics["train/loss"]["3"]
 
 
-def test_an_sft_run_that_reaches_its_target_early_checkpoints_the_step_it_ended_on(in_process, tiny_model_path,
-                                                                                   tokenizer, tmp_path) -> None:
+def test_an_sft_run_that_reaches_its_target_early_checkpoints_that_step_and_a_rerun_does_nothing_more(
+        in_process, tiny_model_path, tokenizer, tmp_path) -> None:
     """Validation answers turn right from the second validation on: with a target of 0.5 the
-    run ends after step 1 of 6, and its checkpoint is of step 1 (not due by save_period)."""
+    run ends after step 1 of 6, and its checkpoint is of step 1 (not due by save_period). The
+    same command again resumes from that checkpoint, finds the target met, and does nothing
+    more: no training, no validation, no new checkpoint, metrics.json as it was."""
     from posttrain.models.generation.interfaces import GenerationOutput
 
     seen = []
@@ -146,11 +183,15 @@ def test_an_sft_run_that_reaches_its_target_early_checkpoints_the_step_it_ended_
         ids = [tokenizer.encode(a) + [tokenizer.eos_token_id] for a in answers]
         return GenerationOutput(ids, [[-1.0] * len(i) for i in ids], out.weight_version)
 
-    run = in_process.run(sft, SFT_YAML, [f"model.path={tiny_model_path}", *SFT_BASE, "sft.num_steps=6",
-                                         "sft.val_period=1", "sft.stop_at_val_accuracy=0.5",
-                                         f"logger.log_dir={tmp_path / 'log'}", f"checkpoint.dir={tmp_path / 'ckpt'}",
-                                         "checkpoint.save_period=4"],
-                         {("generation", "generate"): right_after_first})
+    overrides = [f"model.path={tiny_model_path}", *SFT_BASE, "sft.num_steps=6", "sft.val_period=1",
+                 "sft.stop_at_val_accuracy=0.5", f"logger.log_dir={tmp_path / 'log'}",
+                 f"checkpoint.dir={tmp_path / 'ckpt'}", "checkpoint.save_period=4"]
+    run = in_process.run(sft, SFT_YAML, overrides, {("generation", "generate"): right_after_first})
     assert sorted(run.metrics["train/loss"]) == ["1"]
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1"]
     assert (tmp_path / "ckpt" / "step_1" / COMPLETE).is_file()
+    logged = (tmp_path / "log" / "metrics.json").read_text()
+    again = in_process.run(sft, SFT_YAML, overrides, {("generation", "generate"): right_after_first})
+    assert again.calls("policy", "train") == [] and again.calls("generation", "generate") == []
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1"]
+    assert (tmp_path / "log" / "metrics.json").read_text() == logged and again.metrics == run.metrics

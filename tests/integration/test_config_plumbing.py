@@ -13,11 +13,13 @@ reason it changes nothing a run can observe.
 
 from __future__ import annotations
 
+import inspect
 import json
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import torch
@@ -105,8 +107,10 @@ TRAINER_KEYS: dict[str, object] = {
     "policy.max_grad_norm": 0.3,
     "policy.train_global_batch_size": 4,
     "grpo.clip_eps": 0.05,
-    "grpo.kl_coef": 2.0,
+    "grpo.kl_coef": 2.5,
     "generation.temperature": 0.6,
+    "generation.top_k": 5,
+    "generation.top_p": 0.9,
 }
 
 
@@ -150,7 +154,8 @@ def trainer_key(key: str) -> Callable[[Runner, object], None]:
 SPEC_FIELD = {"policy.lr": "lr", "policy.weight_decay": "weight_decay", "policy.betas": "betas",
               "policy.warmup_steps": "warmup_steps", "policy.max_grad_norm": "max_grad_norm",
               "policy.train_global_batch_size": "global_batch_size", "grpo.clip_eps": "clip_eps",
-              "grpo.kl_coef": "kl_coef", "generation.temperature": "temperature"}
+              "grpo.kl_coef": "kl_coef", "generation.temperature": "temperature", "generation.top_k": "top_k",
+              "generation.top_p": "top_p"}
 SPEC_OF = {key: (lambda cfg, f=field: getattr(TrainerSpec.of(cfg, "grpo"), f)) for key, field in SPEC_FIELD.items()}
 
 
@@ -158,19 +163,32 @@ SPEC_OF = {key: (lambda cfg, f=field: getattr(TrainerSpec.of(cfg, "grpo"), f)) f
 
 
 def top_k(runner: Runner, _) -> None:
-    """top_k=1 samples the argmax: a group's completions are identical; top_k=0 they differ."""
+    """top_k=1 samples the argmax: a group's completions are identical; top_k=0 they differ.
+    SFT, which never samples, refuses the key in one line."""
     for value, identical in ((1, True), (0, False)):
         outs = runner.sampled(runner.grpo(f"generation.top_k={value}"))
         same = all(all(c == g[0] for c in g) for _, out in outs for g in groups(out.completion_ids, 4))
         assert same == identical, value
+    with pytest.raises(ConfigError, match="SFT never samples"):
+        runner.sft("generation.top_k=5")
 
 
 def top_p(runner: Runner, _) -> None:
-    """top_p=0.01 keeps only the most likely token: a group's completions are identical."""
+    """top_p=0.01 keeps only the most likely token: a group's completions are identical. SFT
+    refuses the key."""
     for value, identical in ((0.01, True), (1.0, False)):
         outs = runner.sampled(runner.grpo(f"generation.top_p={value}"))
         same = all(all(c == g[0] for c in g) for _, out in outs for g in groups(out.completion_ids, 4))
         assert same == identical, value
+    with pytest.raises(ConfigError, match="SFT never samples"):
+        runner.sft("generation.top_p=0.5")
+
+
+def truncated_agreement(runner: Runner, trainer_run) -> None:
+    """Under top-k and top-p (the trainer run's 5 and 0.9, at T 0.6) the engine's logprobs of the
+    sampled tokens and the trainer's agree on every step: both are of the truncated distribution."""
+    run, _ = trainer_run
+    assert max(run.metrics["train/token_mult_prob_error"].values()) == pytest.approx(1.0, abs=1e-4)
 
 
 def max_new_tokens(runner: Runner, _) -> None:
@@ -266,15 +284,16 @@ def policy_backend(runner: Runner, _) -> None:
 def lora(runner: Runner, _) -> None:
     """policy.lora.* reach peft through a loaded config: adapters of that rank, scaling and
     dropout on exactly the named layers, and only they train; the weights the engine gets
-    differ from the base model's after training (rank 0: no adapters)."""
-    run = runner.sft("policy.lora.rank=2", "policy.lora.alpha=3.0", "policy.lora.dropout=0.25",
+    differ from the base model's after training (rank 0: no adapters). Alpha 1.5 over rank 2
+    scales by 0.75: an alpha cast to int on its way would scale by 0.5."""
+    run = runner.sft("policy.lora.rank=2", "policy.lora.alpha=1.5", "policy.lora.dropout=0.25",
                      "policy.lora.target_modules=[q_proj,v_proj]")
     impl = run.workers("policy")[0].impl
     layers = {n: m for n, m in impl.model.named_modules() if hasattr(m, "lora_A")}
     assert {n.rsplit(".", 1)[-1] for n in layers} == {"q_proj", "v_proj"}
     for layer in layers.values():
         assert layer.lora_A["default"].weight.shape[0] == 2
-        assert layer.scaling["default"] == pytest.approx(1.5) and layer.lora_dropout["default"].p == 0.25
+        assert layer.scaling["default"] == pytest.approx(0.75) and layer.lora_dropout["default"].p == 0.25
     assert impl.parameter_counts()[0] == sum(p.numel() for m in layers.values()
                                              for p in (*m.lora_A.parameters(), *m.lora_B.parameters()))
     assert max_weight_gap(impl.get_weights(), run.calls("policy", "train")[0].weights_before) > 0
@@ -303,12 +322,18 @@ def probe_seed(runner: Runner, _) -> None:
 
 
 def probe_bound(runner: Runner, _) -> None:
-    """An engine 0.02 nats off on every probe token: a bound of 0.01 stops the run, 0.05 does not."""
+    """An engine 0.02 nats off on every probe token: a bound of 0.01 stops the run, 0.05 does
+    not; ``auto`` is 1e-3 in fp32 (stops it), ``null`` only logs (an engine 0.5 off runs on)."""
     shifted = {("generation", "score"): lambda call, rows: [[lp + 0.02 for lp in row] for row in rows]}
     with pytest.raises(RefitProbeError, match="0.02 > generation.refit_probe.max_logprob_error = 0.01"):
         runner.grpo("generation.refit_probe.max_logprob_error=0.01", transforms=shifted)
     run = runner.grpo("generation.refit_probe.max_logprob_error=0.05", transforms=shifted)
     assert max(run.metrics["train/refit_logprob_error"].values()) == pytest.approx(0.02, rel=1e-3)
+    with pytest.raises(RefitProbeError, match="0.02 > generation.refit_probe.max_logprob_error = 0.001"):
+        runner.grpo("generation.refit_probe.max_logprob_error=auto", "policy.precision=fp32", transforms=shifted)
+    far = {("generation", "score"): lambda call, rows: [[lp + 0.5 for lp in row] for row in rows]}
+    run = runner.grpo("generation.refit_probe.max_logprob_error=null", transforms=far)
+    assert max(run.metrics["train/refit_logprob_error"].values()) == pytest.approx(0.5, rel=1e-3)
 
 
 # --- the GRPO loop ------------------------------------------------------------------------------
@@ -400,20 +425,25 @@ def val_accuracy(runner: Runner, _) -> None:
 
 
 def stop_at_val_accuracy(runner: Runner, _) -> None:
-    """Validation answers turn right after step 1: a target of 0.5 stops the run there."""
-    seen = []
+    """From the second validation on, 4 of the 6 held-out answers are right (accuracy 2/3): a
+    target of 0.65 stops the run after step 1, one of 0.7 never does (a target cast, rounded or
+    clamped on its way would land on the other side)."""
+    for override, trained in (("sft.stop_at_val_accuracy=0.65", [1]), ("sft.stop_at_val_accuracy=0.7", [1, 2, 3, 4])):
+        seen = []
 
-    def right_after_first(call, out):
-        seen.append(1)
-        if len(seen) == 1:
-            return out
-        answers = [str(sum(int(x) for x in runner.tok.decode(p).rstrip("=").split("+"))) for p in call.args[0]]
-        ids = [runner.tok.encode(a) + [runner.tok.eos_token_id] for a in answers]
-        return GenerationOutput(ids, [[-1.0] * len(i) for i in ids], out.weight_version)
+        def four_of_six_after_first(call, out, seen=seen):
+            seen.append(1)
+            if len(seen) == 1:
+                return out
+            sums = [sum(int(x) for x in runner.tok.decode(p).rstrip("=").split("+")) for p in call.args[0]]
+            ids = [runner.tok.encode(str(s if i < 4 else s + 1)) + [runner.tok.eos_token_id]
+                   for i, s in enumerate(sums)]
+            return GenerationOutput(ids, [[-1.0] * len(i) for i in ids], out.weight_version)
 
-    run = runner.sft("sft.num_steps=4", "sft.val_period=1", "sft.stop_at_val_accuracy=0.5",
-                     transforms={("generation", "generate"): right_after_first})
-    assert steps_logged(run, "train/loss") == [1] and run.metrics["val/accuracy"] == {"0": 0.0, "1": 1.0}
+        run = runner.sft("sft.num_steps=4", "sft.val_period=1", override,
+                         transforms={("generation", "generate"): four_of_six_after_first})
+        assert steps_logged(run, "train/loss") == trained, override
+        assert run.metrics["val/accuracy"]["0"] == 0.0 and run.metrics["val/accuracy"]["1"] == pytest.approx(4 / 6)
 
 
 def sft_seed(runner: Runner, _) -> None:
@@ -606,7 +636,9 @@ def both(*proofs: Callable) -> Callable:
 PROOFS: dict[str, Callable] = {
     **{key: trainer_key(key) for key in TRAINER_KEYS},
     "generation.temperature": both(trainer_key("generation.temperature"), temperature_sampling),
-    "generation.top_k": top_k, "generation.top_p": top_p, "generation.max_new_tokens": max_new_tokens,
+    "generation.top_k": both(trainer_key("generation.top_k"), truncated_agreement, top_k),
+    "generation.top_p": both(trainer_key("generation.top_p"), truncated_agreement, top_p),
+    "generation.max_new_tokens": max_new_tokens,
     "generation.num_workers": num_workers, "generation.num_threads": generation_threads, "generation.backend": backend,
     "generation.refit_probe.num_sequences": probe_shape, "generation.refit_probe.prompt_tokens": probe_shape,
     "generation.refit_probe.completion_tokens": probe_shape, "generation.refit_probe.seed": probe_seed,
@@ -649,7 +681,7 @@ PROVEN_ELSEWHERE: dict[str, str] = {
                     "on_the_test_file",
     # the asynchronous loop runs real Ray actors (a producer, a buffer): proven with real Ray
     "grpo.async.enabled": ASYNC + "test_max_staleness_0_reproduces_the_synchronous_run",
-    "grpo.async.max_staleness": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
+    "grpo.async.max_staleness": ASYNC + "test_max_staleness_0_reproduces_the_synchronous_run",  # 1 is the default
     "grpo.async.buffer_size": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
     "grpo.async.importance_weight_cap": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
     "grpo.async.claim_timeout_s": ASYNC + "test_a_claim_timeout_is_one_line_naming_the_key",
@@ -688,6 +720,33 @@ def test_every_proof_elsewhere_names_a_test_that_exists() -> None:
     for key, node in PROVEN_ELSEWHERE.items():
         path, name = node.split("::")
         assert f"def {name}(" in (ROOT / path).read_text(), f"{key}: {node} does not exist"
+
+
+# The value each float key's proof sets, where the proof is not a trainer replay (TRAINER_KEYS
+# holds those). Every float key must be proven with a value that a cast, a rounding or a clamp to
+# a "usual" range on its way would change: not a whole number, and not the default.
+FRACTIONAL: dict[str, float] = {
+    "policy.lora.alpha": 1.5, "policy.lora.dropout": 0.25, "generation.refit_probe.max_logprob_error": 0.01,
+    "cluster.cpus_per_worker": 0.25, "cluster.gpus_per_worker": 0.5, "sft.stop_at_val_accuracy": 0.65,
+    "grpo.async.importance_weight_cap": 2.5, "grpo.async.claim_timeout_s": 0.001,
+}
+
+
+def test_every_float_key_is_proven_with_a_fractional_value() -> None:
+    fields = {key: field for schema in (grpo.GRPOMasterConfig, sft.SFTMasterConfig)
+              for key, field in leaf_fields(schema)}
+    floats = {key for key, field in fields.items() if field.annotation is float or float in get_args(field.annotation)}
+    assert not FRACTIONAL.keys() & TRAINER_KEYS.keys(), "a key listed in both"
+    values = {**{key: TRAINER_KEYS[key] for key in floats & TRAINER_KEYS.keys()}, **FRACTIONAL}
+    assert sorted(floats - values.keys()) == [], "a float key without a fractional value in its proof"
+    assert sorted(values.keys() - floats) == [], "FRACTIONAL lists a key that holds no float"
+    for key, value in values.items():
+        assert all(v != int(v) for v in (value if isinstance(value, list) else [value])), (key, value)
+        assert value != fields[key].default, (key, value)
+        if key in FRACTIONAL:  # the proof itself sets the value (in PROOFS, or the test named elsewhere)
+            source = (inspect.getsource(PROOFS[key]) if key in PROOFS
+                      else (ROOT / PROVEN_ELSEWHERE[key].split("::")[0]).read_text())
+            assert f"{key}={value}" in source, f"{key}: its proof does not set {value}"
 
 
 @pytest.mark.parametrize("key", sorted(PROOFS))

@@ -30,6 +30,7 @@ SFT_TOKENS = "tests/integration/test_sft_tokens.py"
 VLLM_TESTS = "tests/unit/models/generation/test_vllm_generation.py"
 VLLM_WORKER = "posttrain/models/generation/vllm/vllm_generation_worker.py"
 MCORE_TESTS = "tests/unit/models/megatron/test_megatron_policy.py"
+MCORE_RESUME = "tests/unit/models/megatron/test_megatron_resume.py"
 RESUME = "tests/integration/test_checkpoint_resume.py"
 LOSSES = "tests/unit/algorithms/test_loss_functions.py"
 ADVANTAGES = "tests/unit/algorithms/test_advantages.py"
@@ -39,15 +40,21 @@ HF_WORKER = "posttrain/models/policy/hf_policy_worker.py"
 ASYNC = "tests/integration/test_async_grpo.py"
 ROLLOUT_TESTS = "tests/unit/rollouts"
 MCORE_WORKER = "posttrain/models/policy/megatron_policy_worker.py"
+EDGES = "tests/unit/testing/rules/test_rule_edges.py"
+DOMAINS = "tests/unit/testing/rules/test_rule_domains.py"
+RESULTS = "tests/unit/testing/harness/test_harness_results.py"
+TRACKER = "tests/unit/testing/harness/test_harness_tracker.py"
+SAMPLING_TESTS = "tests/unit/models/generation/test_sampling_distribution.py"
+PRECISION_TESTS = "tests/unit/models/policy/test_precision.py"
 
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
 # the others are the classes of issue 12.
 CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "stale-engine", "prompts", "megatron",
            "resume", "lora", "async", "precision",
-           # issue 31, classes 1 and 5 (new class names, if any, on this line):
-           # issue 31, classes 2 and 4 (new class names, if any, on this line):
-           # issue 31, classes 7 and 8 (new class names, if any, on this line):
-           )
+           # issue 31: the behaviour distribution (class 2), a check that covers one engine of several
+           # (3), the rule engine's edges (7), the harness's own records (8), the same bug in
+           # another place (9); classes 1, 4, 5 and 6 extend resume, precision, config and prompts
+           "sampling", "one-of-several", "rules", "harness", "same-bug-elsewhere")
 
 
 @dataclass(frozen=True)
@@ -273,7 +280,8 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{SFT_TOKENS}", f"{LOOP_DATA}::test_sft_rows_train_on_each_problems_own_solution"), klass="sft-tokens"),
     Mutant("sft_prompt_token_trained", "the last prompt token ('=') is trained on as part of the response",
            "posttrain/data/chat.py",
-           (("return prompt, tuple(full[len(prompt):])", "return prompt[:-1], tuple(full[len(prompt) - 1:])"),),
+           (("turn = full[len(prompt):]", "turn = full[len(prompt) - 1:]"),
+            ("return prompt, tuple(turn[", "return prompt[:-1], tuple(turn[")),
            (f"{SFT_TOKENS}",), klass="sft-tokens"),
     # --- issue 12: an engine that keeps stale state ---------------------------------------------------
     Mutant("rollout_version_unchecked", "the loop trains on rollouts whatever weight version sampled them",
@@ -453,6 +461,235 @@ MUTANTS: tuple[Mutant, ...] = (
            (('return "float32" if precision == "fp32" else "bfloat16"', 'return "float32"'),),
            ("tests/unit/models/policy/test_precision.py",), klass="precision"),
     # --- issue 31: classes 1 (resume restores the whole run) and 5 (values reach their code unchanged) ---
+    Mutant("resume_reference_from_checkpoint", "a resumed run loads the checkpoint into the KL reference too: the "
+           "KL is measured against step N's weights, not the initial model's",
+           HF_WORKER, (("            self.model.load_state_dict(loaded.state_dict())",
+                        "            for model in (self.model, self.reference or self.model):\n"
+                        "                model.load_state_dict(loaded.state_dict())"),),
+           (f"{RESUME}::test_a_loaded_checkpoint_trains_on_from_its_weights_against_the_initial_reference",
+            f"{RESUME}::test_a_resumed_run_logs_what_the_uninterrupted_run_logged"), klass="resume"),
+    Mutant("sft_stop_check_skipped_on_resume", "a resumed SFT run forgets that its last validation met the target: "
+           "run again, a finished run trains on",
+           "posttrain/algorithms/sft.py",
+           (("metrics = {k: v[str(resumed_at)] for k, v in logger.metrics.items() if str(resumed_at) in v}",
+             "metrics = {}"),),
+           (f"{RESUME}::test_an_sft_run_that_reaches_its_target_early_checkpoints_that_step_and_a_rerun_does_nothing_"
+            "more",), klass="resume"),
+    Mutant("async_resume_samples_from_step_1", "a resumed asynchronous run's producer starts sampling at step 1: the "
+           "steps after the checkpoint train on the first steps' prompts again",
+           "posttrain/algorithms/async_grpo.py",
+           (("train_problems, cfg, resumed_at + 1)", "train_problems, cfg, 1)"),),
+           (f"{ASYNC}::test_a_resumed_async_run_samples_its_first_step_with_the_restored_weights",), klass="resume"),
+    Mutant("megatron_reference_from_checkpoint", "a resumed Megatron run loads the checkpoint into the KL reference "
+           "too", MCORE_WORKER,
+           (("        _load_local(self.model, hf_to_megatron(",
+             "        _load_local(self.reference or self.model,\n"
+             "                    hf_to_megatron(_read_hf_weights(path), self.shape, self.rank, self.tp))\n"
+             "        _load_local(self.model, hf_to_megatron("),),
+           (f"{RESUME}::test_a_loaded_checkpoint_trains_on_from_its_weights_against_the_initial_reference[megatron]",),
+           klass="resume", tier="mcore"),
+    Mutant("megatron_ranks_load_rank0_optimizer", "every tensor-parallel rank restores rank 0's optimizer shard (same "
+           "shapes: no error, the other ranks' Adam moments are wrong)", MCORE_WORKER,
+           (("OPTIMIZER_STATE.format(rank=self.rank)", "OPTIMIZER_STATE.format(rank=0)"),),
+           (f"{MCORE_RESUME}::test_each_tensor_parallel_rank_restores_its_own_optimizer_state",), klass="resume",
+           tier="mcore"),
+    Mutant("lora_alpha_cast_to_int", "policy.lora.alpha is cast to int on its way to peft (peft annotates it int): "
+           "1.5 scales the adapters as 1", LORA_LAYER,
+           (("lora_alpha=cfg.alpha,", "lora_alpha=int(cfg.alpha),"),),
+           (f"{PLUMBING}[policy.lora.alpha]",), klass="config"),
+    Mutant("kl_coef_truncated", "grpo.kl_coef is truncated to a whole number on its way to the loss",
+           "posttrain/algorithms/grpo.py",
+           (("ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef)",
+             "ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=float(int(cfg.grpo.kl_coef)))"),),
+           (f"{PLUMBING}[grpo.kl_coef]",), klass="config"),
+    Mutant("importance_weight_cap_clamped", "the asynchronous loop clamps grpo.async.importance_weight_cap to 2",
+           "posttrain/algorithms/async_grpo.py",
+           (("importance_weight_cap=acfg.importance_weight_cap)",
+             "importance_weight_cap=acfg.importance_weight_cap and min(acfg.importance_weight_cap, 2.0))"),),
+           (f"{ASYNC}::test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",), klass="config"),
+    Mutant("stop_target_rounded", "sft.stop_at_val_accuracy is rounded to one decimal (0.65 -> 0.7): the run trains "
+           "past the accuracy it was told to stop at", "posttrain/algorithms/sft.py",
+           (('metrics.get("val/accuracy", 0.0) >= target', 'metrics.get("val/accuracy", 0.0) >= round(target, 1)'),),
+           (f"{PLUMBING}[sft.stop_at_val_accuracy]",), klass="config"),
     # --- issue 31: classes 2 (the behaviour distribution: temperature, top-k, top-p) and 4 (precision contracts) ---
+    Mutant("hf_engine_logprobs_untruncated", "the hf engine reports log_softmax(logits / T) over the whole "
+           "vocabulary while it samples from the top-k / top-p set: the behaviour logprobs are not the sampler's",
+           "posttrain/models/generation/hf_generation_worker.py",
+           (("output_scores=True,", "output_scores=True, output_logits=True,"),
+            ("scores = torch.stack(out.scores, dim=1).float()",
+             "scores = torch.stack(out.logits, dim=1).float() / (1.0 if params.greedy else params.temperature)")),
+           (f"{SAMPLING_TESTS}::test_the_engines_sampled_logprobs_are_the_trainers_of_the_same_tempered_truncated_"
+            "distribution",), klass="sampling"),
+    Mutant("vllm_engine_raw_logprobs", "vLLM returns raw logprobs (before temperature and top-k / top-p): the "
+           "behaviour logprobs are of another distribution than the one sampled", VLLM_WORKER,
+           (('logprobs_mode="processed_logprobs"', 'logprobs_mode="raw_logprobs"'),),
+           (f"{VLLM_TESTS}::test_sampled_logprobs_are_the_trainers_of_the_same_tempered_truncated_distribution",),
+           klass="sampling", tier="vllm"),
+    Mutant("trainer_ignores_top_k_top_p", "the policy workers are built without generation.top_k / top_p: the "
+           "trainer scores the whole tempered vocabulary while the engine samples a truncated one",
+           "posttrain/algorithms/runtime.py",
+           (("top_k=generation.top_k, top_p=generation.top_p)", ")"),),
+           (f"{PLUMBING}[generation.top_k]", f"{PLUMBING}[generation.top_p]"), klass="sampling"),
+    Mutant("top_p_before_temperature", "the train step picks the top-p set from the logits before the temperature",
+           "posttrain/ops.py",
+           (("keep = sampling_mask(scaled, top_k, top_p)", "keep = sampling_mask(logits.float(), top_k, top_p)"),),
+           ("tests/unit/test_ops.py::test_logprobs_of_the_sampling_distribution_equal_the_hand_computation",),
+           klass="sampling"),
+    Mutant("sampled_token_dropped_by_trainer", "a sampled token the trainer's top-k / top-p set leaves out scores "
+           "-inf: its ratio is NaN and the step is skipped", "posttrain/ops.py",
+           (("            keep = keep.scatter(-1, targets[..., None], True)\n", "            pass\n"),),
+           ("tests/unit/test_ops.py::test_a_sampled_token_outside_this_sides_set_keeps_a_finite_logprob",),
+           klass="sampling"),
+    Mutant("behaviour_logprobs_replaced_in_one_step", "a one-optimizer-step train call divides by its own forward's "
+           "logprobs even when handed the behaviour logprobs", "posttrain/models/policy/base_policy_worker.py",
+           (('data.setdefault("old_logprobs", forward_old[-1])', 'data["old_logprobs"] = forward_old[-1]'),),
+           (f"{SAMPLING_TESTS}::test_a_train_call_divides_by_exactly_the_behaviour_logprobs_it_was_given",),
+           klass="sampling"),
+    Mutant("behaviour_logprobs_replaced_in_several_steps", "a train call of several optimizer steps divides by the "
+           "trainer's logprobs even when handed the behaviour logprobs",
+           "posttrain/models/policy/base_policy_worker.py",
+           (('if self.old_logprobs is not None and "old_logprobs" not in extra:',
+             "if self.old_logprobs is not None:"),),
+           (f"{SAMPLING_TESTS}::test_a_train_call_divides_by_exactly_the_behaviour_logprobs_it_was_given",),
+           klass="sampling"),
+    Mutant("loss_math_in_model_dtype", "the train step's log-softmax runs in the model's dtype (bf16): logprobs, "
+           "ratio and entropy ~1e-2 off", "posttrain/ops.py",
+           (("scaled = logits.float() / temperature", "scaled = logits / temperature"),),
+           (f"{PRECISION_TESTS}::test_the_loss_math_runs_in_fp32_on_a_bf16_models_logits",), klass="precision"),
+    Mutant("old_logprobs_rounded_to_model_dtype", "a one-step train call keeps its old logprobs in the model's dtype: "
+           "the ratio's denominator is bf16-rounded, the first ratio is not 1",
+           "posttrain/models/policy/base_policy_worker.py",
+           (("forward_old.append(logprobs.detach())", "forward_old.append(logprobs.detach().to(logits.dtype))"),),
+           (f"{PRECISION_TESTS}::test_the_loss_math_runs_in_fp32_on_a_bf16_models_logits",), klass="precision"),
+    Mutant("probe_bound_fp32_loose", "the fp32 probe bound is 0.05: an engine a whole (small) step behind passes",
+           "posttrain/algorithms/refit_probe.py", (('"fp32": 1e-3,', '"fp32": 0.05,'),),
+           (f"{PRECISION_TESTS}::test_each_precisions_probe_bound_sits_where_its_derivation_puts_it",),
+           klass="precision"),
+    Mutant("probe_bound_bf16_loose", "the bf16-mixed probe bound is 1.0: an engine one step behind passes",
+           "posttrain/algorithms/refit_probe.py", (('"bf16-mixed": 0.2}', '"bf16-mixed": 1.0}'),),
+           (f"{PRECISION_TESTS}::test_each_precisions_probe_bound_sits_where_its_derivation_puts_it",),
+           klass="precision"),
+    Mutant("tf32_never_switched_off", "policy.tf32=false leaves TF32 matmuls on: a parity run is not full fp32",
+           "posttrain/models/precision.py",
+           (("torch.backends.cuda.matmul.allow_tf32 = enabled", "torch.backends.cuda.matmul.allow_tf32 = True"),),
+           (f"{PRECISION_TESTS}::test_tf32_is_switched_on_and_off_as_asked",), klass="precision"),
+    # --- issue 31: class 3 (a check that covers one of several engines) ---
+    Mutant("probe_pools_engines", "the probe judges the mean over all engines' rows: one stale engine of N is "
+           "diluted to 1/N of the error and passes a bf16 bound",
+           "posttrain/algorithms/refit_probe.py",
+           (("return worst_engine_errors(engine, trainer, batch.completion_mask, self.num_engines)",
+             "return probe_errors(engine, trainer, batch.completion_mask)"),),
+           ("tests/unit/models/generation/test_refit_probe.py",), klass="one-of-several"),
+    Mutant("probe_best_engine", "the probe reports the best engine's error instead of the worst",
+           "posttrain/algorithms/refit_probe.py",
+           (("return {key: max(errors[key] for errors in per_engine)",
+             "return {key: min(errors[key] for errors in per_engine)"),),
+           ("tests/unit/models/generation/test_refit_probe.py",), klass="one-of-several"),
+    Mutant("probe_rows_fewer_than_engines", "the probe keeps num_sequences rows when there are more engines: "
+           "the last engines are never probed",
+           "posttrain/algorithms/refit_probe.py",
+           (('"num_sequences": max(cfg.num_sequences, num_engines)', '"num_sequences": cfg.num_sequences'),),
+           ("tests/unit/models/generation/test_refit_probe.py",), klass="one-of-several"),
+    Mutant("version_from_first_engine", "the engines' weight version is read from the first engine only",
+           "posttrain/models/generation/sharding.py",
+           (("version = agreed_version((r.weight_version for r in receipts), who)",
+             "version = agreed_version((r.weight_version for r in receipts[:1]), who)"),),
+           ("tests/unit/models/generation/test_sharding.py",
+            "tests/unit/models/generation/test_refit_broadcast.py::"
+            "test_a_refit_that_one_engine_only_pretends_to_load_fails_whichever_engine_it_is"), klass="one-of-several"),
+    # --- issue 31: class 6 (a chat template like a real instruct model's) ---
+    Mutant("prompt_without_generation_header", "GRPO prompts are rendered without the generation prompt: the model "
+           "must write the assistant header itself (invisible with a role-less template)",
+           "posttrain/data/chat.py",
+           (('return tuple(self._render([{"role": "user", "content": question}], add_generation_prompt=True))',
+             'return tuple(self._render([{"role": "user", "content": question}], add_generation_prompt=False))'),),
+           ("tests/integration/test_chat_template.py",), klass="prompts"),
+    Mutant("sft_trains_after_end_of_turn", "SFT also trains what the template renders after the end-of-turn token",
+           "posttrain/data/chat.py",
+           (("return prompt, tuple(turn[: turn.index(eos) + 1] if eos in turn else turn)",
+             "return prompt, tuple(turn)"),),
+           ("tests/integration/test_chat_template.py",), klass="sft-tokens"),
     # --- issue 31: classes 7 (the rule engine's edges) and 8 (the harness's own records) ---
+    Mutant("completeness_metric_off_by_one", "a metric a rule reads may stop one step before --expect-steps",
+           "posttrain/testing/rules/completeness.py",
+           (("series.steps[-1] < expect_steps:", "series.steps[-1] < expect_steps - 1:"),),
+           (f"{EDGES}::test_a_rule_passes_at_step_n_and_fails_when_the_run_or_a_metric_it_reads_stops_at_n_minus_1",),
+           klass="rules"),
+    Mutant("completeness_reads_first_metric_only", "only the first metric a rule reads is checked for completeness",
+           "posttrain/testing/rules/completeness.py",
+           (("for name in sorted(metrics_read):", "for name in sorted(metrics_read)[:1]:"),),
+           (f"{EDGES}::test_a_rule_passes_at_step_n_and_fails_when_the_run_or_a_metric_it_reads_stops_at_n_minus_1",),
+           klass="rules"),
+    Mutant("mean_checks_only_its_window", "mean refuses a NaN only inside its range: mean(x, -20) skips earlier NaNs",
+           "posttrain/testing/rules/helpers.py",
+           (("    series = finite_series(values)\n    if not 0.0 <= ignore_top_p",
+             "    series = as_series(values)\n    if not 0.0 <= ignore_top_p"),),
+           (f"{EDGES}::test_a_non_finite_value_at_the_first_a_middle_or_the_last_step_fails_every_helper_naming_it",),
+           klass="rules"),
+    Mutant("ratio_above_counts_nan_as_below", "ratio_above counts a NaN as a value below the threshold",
+           "posttrain/testing/rules/helpers.py",
+           (("vals = finite_series(values).step_values", "vals = as_series(values).step_values"),),
+           (f"{EDGES}::test_a_non_finite_value_at_the_first_a_middle_or_the_last_step_fails_every_helper_naming_it",),
+           klass="rules"),
+    Mutant("token_mult_domain_from_zero", "the vacuity check takes exp(|delta|) for >= 0: min(x) >= 1 is judged sound",
+           "posttrain/testing/rules/vacuity.py",
+           (('("train/token_mult_prob_error", 1.0, math.inf)', '("train/token_mult_prob_error", 0.0, math.inf)'),),
+           (f"{DOMAINS}::test_a_bound_of_a_metrics_range_is_vacuous_and_a_tighter_one_is_not",), klass="rules"),
+    Mutant("git_untracked_not_dirty", "a new file not yet added leaves unit_results.json's commit clean",
+           "posttrain/testing/harness/results.py",
+           (('git("status", "--porcelain")', 'git("status", "--porcelain", "--untracked-files=no")'),),
+           (RESULTS,), klass="harness"),
+    Mutant("git_dirty_misses_staged", "only unstaged edits mark the commit dirty (git diff): staged ones do not",
+           "posttrain/testing/harness/results.py",
+           (('git("status", "--porcelain")', 'git("diff", "--name-only")'),),
+           (RESULTS,), klass="harness"),
+    Mutant("peak_is_current_rss", "get_max_mem reads the memory in use now (VmRSS): a freed 1 GiB spike vanishes",
+           "posttrain/testing/harness/memory.py",
+           (('line.startswith("VmHWM:")', 'line.startswith("VmRSS:")'),),
+           (f"{TRACKER}::test_max_mem_keeps_a_1_gib_spike_that_a_ray_actor_allocated_and_freed",), klass="harness"),
+    Mutant("uv_run_workers_missed", "workers Ray started through `uv run` are left out of get_max_mem",
+           "posttrain/testing/harness/memory.py",
+           (("(tree.get(p, []) if _is_uv_run(p) else [p])", "[p]"),),
+           (f"{TRACKER}::test_a_worker_that_ray_started_through_uv_run_is_counted",), klass="harness"),
+    Mutant("xdist_auto_counts_machine_cores", "-n auto starts one worker per core of the machine (xdist's count), "
+           "not per CPU this process may use: a container limited to 16 of 32 CPUs overcommits 2x",
+           "posttrain/testing/harness/plugin.py",
+           (("    return parallel.available_cpus()", "    return None"),),
+           ("tests/unit/testing/harness/test_harness_parallel.py::"
+            "test_auto_starts_one_worker_per_cpu_of_the_affinity_mask_not_per_core_of_the_machine",), klass="harness"),
+    # --- issue 31: class 9 (the same bug in another place: each copy of a behaviour pinned) ---
+    Mutant("fused_entropy_untruncated", "the train step's entropy (the fused op) is of the whole tempered vocabulary, "
+           "not of the top-k / top-p distribution that sampled (compute_entropy stays right)",
+           "posttrain/ops.py",
+           (("        entropy = _entropy(logp)",
+             "        entropy = _entropy(torch.log_softmax(completion_logits(logits, prompt_lens, completion_len)"
+             ".float() / temperature, -1))"),),
+           ("tests/unit/test_ops.py::test_logprobs_of_the_sampling_distribution_equal_the_hand_computation",),
+           klass="same-bug-elsewhere"),
+    Mutant("standalone_entropy_untempered", "compute_entropy drops the temperature (the fused op stays right)",
+           "posttrain/ops.py",
+           (("return _entropy(sampling_log_softmax(completion_logits(logits, prompt_lens, completion_len), "
+             "temperature,", "return _entropy(sampling_log_softmax(completion_logits(logits, prompt_lens, "
+             "completion_len), 1.0,"),),
+           ("tests/unit/test_ops.py",), klass="same-bug-elsewhere"),
+    Mutant("slope_skips_nonfinite_scan", "slope reads its window without the NaN/inf scan the other helpers do",
+           "posttrain/testing/rules/helpers.py",
+           (("steps, vals = _window(finite_series(values), range_start, range_end)\n    if len(vals) < 2:",
+             "steps, vals = _window(as_series(values), range_start, range_end)\n    if len(vals) < 2:"),),
+           (f"{EDGES}::test_a_non_finite_value_at_the_first_a_middle_or_the_last_step_fails_every_helper_naming_it",),
+           klass="same-bug-elsewhere"),
+    Mutant("last_step_skips_nonfinite_scan", "last_step reads its metric without the NaN/inf scan",
+           "posttrain/testing/rules/helpers.py",
+           (("    series = finite_series(values)\n    if not series.steps:",
+             "    series = as_series(values)\n    if not series.steps:"),),
+           (f"{EDGES}::test_a_non_finite_value_at_the_first_a_middle_or_the_last_step_fails_every_helper_naming_it",),
+           klass="same-bug-elsewhere"),
+    Mutant("hf_engine_version_before_load", "the hf engine takes the new weight version before it checks the tensors "
+           "(vLLM's takes it after loading): a refused refit leaves it labelled with weights it never loaded",
+           "posttrain/models/generation/hf_generation_worker.py",
+           (("        state = self.model.state_dict()\n        missing",
+             "        self.version = version\n        state = self.model.state_dict()\n        missing"),),
+           ("tests/unit/models/generation/test_refit_probe.py::test_hf_partial_refit_is_refused",
+            "tests/unit/models/generation/test_refit_probe.py::test_hf_refit_with_an_unknown_name_or_a_wrong_shape_is_one_line"),
+           klass="same-bug-elsewhere"),
 )

@@ -12,11 +12,14 @@ import torch
 
 from posttrain.ops import (
     completion_logits,
+    completion_positions,
     compute_entropy,
     compute_logprobs,
     compute_logprobs_and_entropy,
     masked_mean,
     masked_sum,
+    sampling_log_softmax,
+    sampling_mask,
 )
 
 
@@ -295,3 +298,173 @@ def test_logprobs_and_entropy_from_one_pass_equal_the_hand_computations() -> Non
     assert logits.grad is not None and logits.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="temperature must be > 0"):
         compute_logprobs_and_entropy(logits, input_ids, prompt_lens, 4, temperature=0.0)
+
+
+# --- the sampling distribution: temperature, top-k, top-p (issue 31, class 2) ---------------------
+
+
+def _kept_by_hand(scaled: torch.Tensor, top_k: int, top_p: float) -> list[int]:
+    """The tokens a top-k-then-top-p sampler keeps at one position, walked in descending order
+    (independent of ``ops.sampling_mask``'s ascending cumulative sum): top-k keeps the k largest
+    and any tie with the k-th; top-p then keeps a token while the renormalised mass of the more
+    likely tokens kept before it is still below p (the token that reaches p is kept)."""
+    order = sorted(range(len(scaled)), key=lambda v: -float(scaled[v]))
+    if top_k:
+        kth = float(scaled[order[min(top_k, len(order)) - 1]])
+        order = [v for v in order if float(scaled[v]) >= kth]
+    probs = torch.softmax(scaled[order].double(), -1)
+    kept, mass = [], 0.0
+    for v, prob in zip(order, probs.tolist(), strict=True):
+        if mass < top_p:
+            kept.append(v)
+        mass += prob
+    return kept
+
+
+def _truncated_logprobs_by_hand(logits, input_ids, prompt_lens, completion_len, temperature, top_k, top_p):
+    """``log(p_t / sum of p over the kept tokens)`` at ``logits / T``, in float64; NaN past a row."""
+    batch, seq, _ = logits.shape
+    out = torch.full((batch, completion_len), float("nan"))
+    entropy = torch.full((batch, completion_len), float("nan"))
+    for b in range(batch):
+        p = int(prompt_lens[b])
+        for j in range(completion_len):
+            if p + j >= seq:
+                continue
+            scaled = logits[b, p + j - 1].double() / temperature
+            kept = _kept_by_hand(scaled, top_k, top_p)
+            logp = torch.log_softmax(scaled[kept], -1)
+            token = int(input_ids[b, p + j])
+            if token in kept:
+                out[b, j] = logp[kept.index(token)].float()
+            entropy[b, j] = -(logp.exp() * logp).sum().float()
+    return out, entropy
+
+
+# (temperature, top_k, top_p): each alone, and all three (top-p after the temperature and over
+# the top-k tokens only: 0.5 sharpens, so the top-p set is smaller than it would be at 1).
+SAMPLING = [(0.6, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.6), (0.5, 5, 0.8), (1.7, 4, 0.9)]
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), SAMPLING)
+def test_logprobs_of_the_sampling_distribution_equal_the_hand_computation(temperature, top_k, top_p) -> None:
+    """Sampled tokens (drawn here from the very distribution) are scored under logits / T
+    renormalised over the top-k / top-p set, and the entropy is that distribution's."""
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(4, 12, 9, generator=gen) * 2
+    prompt_lens = torch.tensor([2, 4, 5, 7])
+    input_ids = torch.randint(0, 9, (4, 12), generator=gen)
+    for b in range(4):  # each completion token drawn from its position's truncated distribution
+        for j in range(5):
+            pos = int(prompt_lens[b]) + j
+            scaled = logits[b, pos - 1] / temperature
+            kept = _kept_by_hand(scaled, top_k, top_p)
+            input_ids[b, pos] = kept[int(torch.multinomial(torch.softmax(scaled[kept], -1), 1, generator=gen))]
+    expected, entropy = _truncated_logprobs_by_hand(logits, input_ids, prompt_lens, 5, temperature, top_k, top_p)
+    got = compute_logprobs(logits, input_ids, prompt_lens, 5, temperature, top_k, top_p)
+    torch.testing.assert_close(got, expected)
+    fused, fused_entropy = compute_logprobs_and_entropy(logits, input_ids, prompt_lens, 5, temperature, top_k, top_p)
+    torch.testing.assert_close(fused, expected)
+    torch.testing.assert_close(fused_entropy, entropy)
+    torch.testing.assert_close(compute_entropy(logits, prompt_lens, 5, temperature, top_k, top_p), entropy)
+    if top_k or top_p < 1.0:  # the truncation changes the numbers (the check is not vacuous)
+        plain = compute_logprobs(logits, input_ids, prompt_lens, 5, temperature)
+        assert (got - plain).abs().mean() > 0.05
+
+
+def test_the_kept_set_is_the_one_hugging_faces_warpers_keep() -> None:
+    """The same tokens as transformers' TopK / TopP warpers, on many random positions."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    from posttrain.ops import sampling_mask
+
+    gen = torch.Generator().manual_seed(5)
+    scores = torch.randn(400, 17, generator=gen) * 1.5
+    for top_k, top_p in ((4, 1.0), (0, 0.7), (6, 0.85), (17, 0.5), (1, 1.0)):
+        warped = scores
+        if top_k:
+            warped = TopKLogitsWarper(top_k)(None, warped)
+        if top_p < 1.0:
+            warped = TopPLogitsWarper(top_p)(None, warped)
+        assert torch.equal(sampling_mask(scores, top_k, top_p), torch.isfinite(warped)), (top_k, top_p)
+
+
+def test_a_sampled_token_outside_this_sides_set_keeps_a_finite_logprob() -> None:
+    """A token the trainer's top-k would drop (an engine that rounded the boundary the other
+    way; the reference policy) is scored over the kept set plus itself, never -inf: a -inf on
+    both sides of the ratio is NaN, and a NaN step is skipped."""
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [3.0, 2.0, 1.0, 0.5], [0.0, 0.0, 0.0, 0.0]]], requires_grad=True)
+    input_ids = torch.tensor([[1, 0, 3]])  # completion token 3 (logit 0.5) is outside the top 2
+    got = compute_logprobs(logits, input_ids, torch.tensor([2]), 1, temperature=1.0, top_k=2)
+    expected = 0.5 - torch.logsumexp(torch.tensor([3.0, 2.0, 0.5]), 0)
+    torch.testing.assert_close(got, expected.reshape(1, 1))
+    got.sum().backward()
+    assert logits.grad is not None and torch.isfinite(logits.grad).all()
+
+
+def test_bf16_logits_are_upcast_before_the_fused_log_softmax() -> None:
+    """The train step's op (logprobs and entropy in one pass) computes in float32 on a bf16
+    model's logits: the numbers of fp32 math on the bf16-rounded logits, not of bf16 math."""
+    logits, input_ids = _random_case(seed=6)
+    bf16 = (logits * 4).to(torch.bfloat16)
+    prompt_lens = torch.tensor([2, 3, 4])
+    logprobs, entropy = compute_logprobs_and_entropy(bf16, input_ids, prompt_lens, 5, temperature=0.7)
+    assert logprobs.dtype == entropy.dtype == torch.float32
+    torch.testing.assert_close(logprobs, _reference_logprobs(bf16.float(), input_ids, prompt_lens, 5, 0.7),
+                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(entropy, _reference_entropy(bf16.float(), prompt_lens, 5, 0.7), rtol=0, atol=1e-5)
+
+
+# --- behaviours the automatic mutation run (tests/mutation/run_auto.sh) found untested ------------
+
+
+def test_the_prompt_lens_error_states_the_range_of_this_sequence_length() -> None:
+    logits, _ = _random_case(batch=1, seq=5)
+    with pytest.raises(ValueError, match=r"^prompt_lens must lie in \[1, 4\], got \[5\]$"):
+        completion_logits(logits, torch.tensor([5]), 2)
+
+
+def test_completion_positions_are_on_the_device_of_prompt_lens() -> None:
+    # the meta device stands in for an accelerator: a CPU arange would not add to it
+    positions = completion_positions(torch.tensor([1, 2], device="meta"), 3, 8)
+    assert positions.device.type == "meta" and positions.shape == (2, 3)
+
+
+def test_the_defaults_are_plain_log_softmax_at_temperature_one_over_the_whole_vocabulary() -> None:
+    logits, input_ids = _random_case(seed=8)
+    prompt_lens = torch.tensor([2, 3, 4])
+    torch.testing.assert_close(sampling_log_softmax(logits), torch.log_softmax(logits, dim=-1))
+    assert sampling_mask(logits).all()
+    logprobs, entropy = compute_logprobs_and_entropy(logits, input_ids, prompt_lens, 5)
+    torch.testing.assert_close(logprobs, _reference_logprobs(logits, input_ids, prompt_lens, 5))
+    torch.testing.assert_close(entropy, _reference_entropy(logits, prompt_lens, 5))
+
+
+def test_top_k_of_one_keeps_only_the_most_likely_token() -> None:
+    logits = torch.tensor([[0.5, 2.0, -1.0, 1.0]])
+    logp = sampling_log_softmax(logits, top_k=1)
+    assert logp[0, 1].item() == 0.0
+    assert torch.isinf(logp[0, [0, 2, 3]]).all()
+
+
+def test_the_fused_op_also_keeps_a_sampled_token_outside_this_sides_set() -> None:
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [3.0, 2.0, 1.0, 0.5], [0.0, 0.0, 0.0, 0.0]]])
+    input_ids = torch.tensor([[1, 0, 3]])  # completion token 3 (logit 0.5) is outside the top 2
+    logprobs, _ = compute_logprobs_and_entropy(logits, input_ids, torch.tensor([2]), 1, top_k=2)
+    expected = 0.5 - torch.logsumexp(torch.tensor([3.0, 2.0, 0.5]), 0)
+    torch.testing.assert_close(logprobs, expected.reshape(1, 1))
+
+
+def test_top_p_of_one_keeps_even_a_token_whose_probability_underflows_to_zero() -> None:
+    keep = sampling_mask(torch.tensor([0.0, -1000.0]), top_p=1.0)
+    assert keep.tolist() == [True, True]
+
+
+def test_top_p_drops_a_token_whose_cumulative_probability_is_exactly_one_minus_top_p() -> None:
+    # uniform over 4: ascending cumulative sums 0.25, 0.5, 0.75, 1.0 exactly; 1 - top_p = 0.5 drops two
+    assert sampling_mask(torch.zeros(4), top_p=0.5).sum().item() == 2
+
+
+def test_a_top_k_of_the_whole_vocabulary_keeps_every_token_whatever_its_logit() -> None:
+    logits = torch.tensor([1.0, float("nan"), -float("inf"), 0.0])
+    assert sampling_mask(logits, top_k=4).all()

@@ -75,13 +75,14 @@ class HfGenerationWorkerImpl:
         )
         out = self.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=params.max_new_tokens,
-            eos_token_id=self.eos_id, pad_token_id=self.pad_id, output_logits=True,
+            eos_token_id=self.eos_id, pad_token_id=self.pad_id, output_scores=True,
             return_dict_in_generate=True, **sampling,
         )
         new_tokens = out.sequences[:, ids.shape[1]:]  # [B, T]
-        temperature = 1.0 if params.greedy else params.temperature
-        logits = torch.stack(out.logits, dim=1).float() / temperature  # [B, T, V], raw (unprocessed)
-        token_logprobs = torch.log_softmax(logits, -1).gather(-1, new_tokens[:, :, None]).squeeze(-1)
+        # The processed scores, what each token was drawn from: logits / T with -inf outside
+        # the top-k / top-p set (vLLM's processed_logprobs; the trainer's ops.compute_logprobs).
+        scores = torch.stack(out.scores, dim=1).float()  # [B, T, V]
+        token_logprobs = torch.log_softmax(scores, -1).gather(-1, new_tokens[:, :, None]).squeeze(-1)
         completions, logprobs = [], []
         for row, row_lp in zip(new_tokens.tolist(), token_logprobs.tolist(), strict=True):
             end = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)

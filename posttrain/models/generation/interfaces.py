@@ -17,7 +17,8 @@ class SamplingParams:
         max_new_tokens: completion length cap, tokens (EOS included when produced).
         temperature: > 0; ignored when ``greedy``.
         top_p: nucleus mass in (0, 1]; 1.0 disables it.
-        top_k: 0 disables it.
+        top_k: 0 disables it. Top-k applies first, then top-p over the top-k tokens'
+            renormalised probabilities (``posttrain.ops.sampling_mask``).
         greedy: argmax decoding (validation).
         seed: the sampling seed: the same seed, prompts and weights give the same samples
             (a resumed run samples what the uninterrupted one did); callers vary it per call
@@ -40,7 +41,11 @@ class GenerationOutput:
         completion_ids: per prompt, the generated token ids, ending with EOS when the model
             stopped (not padded; length <= ``max_new_tokens``).
         logprobs: per prompt, the engine's logprob of each generated token under the
-            sampling temperature (same lengths as ``completion_ids``).
+            distribution it was drawn from (same lengths as ``completion_ids``): the logits
+            over ``temperature``, renormalised over the top-k / top-p tokens (vLLM's
+            ``processed_logprobs``; greedy: the logits as they are). Every engine returns
+            these, and the trainer scores the same (``posttrain.ops.compute_logprobs``): they
+            are the behaviour logprobs of an importance ratio.
         weight_version: the engine's weight version when it generated.
     """
 

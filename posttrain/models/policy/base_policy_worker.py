@@ -102,9 +102,13 @@ class PolicyWorkerBase:
         raise NotImplementedError
 
     @torch.no_grad()
-    def get_logprobs(self, batch: TokenBatch, reference: bool = False) -> torch.Tensor:
-        """``[B, L]`` float32 completion logprobs under the current (or reference) policy, at
-        the generation temperature, computed in chunks of ``logprob_batch_size`` rows."""
+    def get_logprobs(self, batch: TokenBatch, reference: bool = False, whole_vocab: bool = False) -> torch.Tensor:
+        """``[B, L]`` float32 completion logprobs under the current (or reference) policy's
+        sampling distribution (the generation temperature, top-k and top-p: what the engine
+        sampled the completions from), computed in chunks of ``logprob_batch_size`` rows.
+        ``whole_vocab``: at the temperature over the whole vocabulary, no top-k / top-p (the
+        weight-sync probe, whose random tokens no sampler would keep)."""
+        top_k, top_p = (0, 1.0) if whole_vocab else (self.cfg.top_k, self.cfg.top_p)
         chunks = []
         with self._scoring_model(reference) as model:
             was_training = model.training
@@ -113,7 +117,7 @@ class PolicyWorkerBase:
                 mb = batch.select(slice(start, start + self.cfg.logprob_batch_size)).to(self.device)
                 logits = self._forward_logits(model, mb)
                 chunks.append(compute_logprobs(logits, mb.input_ids, mb.prompt_lens, mb.completion_mask.shape[1],
-                                               self.cfg.temperature))
+                                               self.cfg.temperature, top_k, top_p))
             model.train(was_training)
         return torch.cat(chunks).cpu()
 
@@ -146,7 +150,7 @@ class PolicyWorkerBase:
         if cuda_ipc and weights and all(t.is_cuda for t in weights.values()):
             self._shared_weights = weights
             weights = CudaIpcWeights.share(weights)
-        return [object_store_put(weights)], self.get_logprobs(probe) if probe is not None else None
+        return [object_store_put(weights)], self.get_logprobs(probe, whole_vocab=True) if probe is not None else None
 
     def serve_weight_broadcast(self, timeout_s: float) -> tuple[str, int] | None:
         """Rank 0: serve the TCP store of a refit broadcast group (the engines join it) and
@@ -186,7 +190,7 @@ class PolicyWorkerBase:
                                         bucket_bytes)
             buckets, sent = len(plan.buckets), sum(bucket.nbytes for bucket in plan.buckets)
         del weights
-        return self.get_logprobs(probe) if probe is not None else None, buckets, sent
+        return self.get_logprobs(probe, whole_vocab=True) if probe is not None else None, buckets, sent
 
     def _refit_source(self) -> dict[str, torch.Tensor]:
         """What :meth:`broadcast_weights` sends, on any device and in any dtype (it converts
@@ -229,7 +233,7 @@ class PolicyWorkerBase:
         Returns:
             Metrics averaged over optimizer steps (``*_min``/``*_max`` reduced as such),
             plus ``grad_norm`` (pre-clip L2 norm), ``entropy`` (nats/token, of the sampling
-            distribution at the generation temperature), ``lr``,
+            distribution: the generation temperature, top-k and top-p), ``lr``,
             ``num_optimizer_steps``. A step whose gradient is not finite is skipped (the
             weights stay as they were) and counted in ``skipped_optimizer_steps``.
         """
@@ -256,7 +260,7 @@ class PolicyWorkerBase:
                 logits = self._forward_logits(self.model, mb)
                 width = mb.completion_mask.shape[1]
                 logprobs, entropy = compute_logprobs_and_entropy(logits, mb.input_ids, mb.prompt_lens, width,
-                                                                 self.cfg.temperature)
+                                                                 self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)
                 data = {"completion_mask": mb.completion_mask, **{k: v[mrows] for k, v in extra.items()}}
                 if from_forward:
                     forward_old.append(logprobs.detach())

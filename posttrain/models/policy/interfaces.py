@@ -32,8 +32,10 @@ class LossFn(Protocol):
 class PolicyInterface(Protocol):
     """A trainable policy: logprobs, a train step, weights for refit, checkpoints."""
 
-    def get_logprobs(self, batch: TokenBatch, reference: bool = False) -> torch.Tensor:
-        """``[B, L]`` float32 logprobs of the completion tokens (current or reference policy)."""
+    def get_logprobs(self, batch: TokenBatch, reference: bool = False, whole_vocab: bool = False) -> torch.Tensor:
+        """``[B, L]`` float32 logprobs of the completion tokens (current or reference policy)
+        under the sampling distribution (temperature, top-k, top-p; ``whole_vocab``: the
+        temperature only)."""
         ...
 
     def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:

@@ -122,9 +122,11 @@ class Policy:
         """
         self.group.wait_ready(f"{self.backend} policy worker for '{self.model_path}'")
 
-    def get_logprobs(self, batch: TokenBatch, reference: bool = False) -> torch.Tensor:
-        """``[B, L]`` float32 completion logprobs (reference=True: the frozen initial policy)."""
-        return self.group.run_all("get_logprobs", batch, reference=reference)[0]
+    def get_logprobs(self, batch: TokenBatch, reference: bool = False, whole_vocab: bool = False) -> torch.Tensor:
+        """``[B, L]`` float32 completion logprobs under the sampling distribution (reference=True:
+        of the frozen initial policy; whole_vocab=True: without top-k / top-p), see
+        ``PolicyWorkerBase.get_logprobs``."""
+        return self.group.run_all("get_logprobs", batch, reference=reference, whole_vocab=whole_vocab)[0]
 
     def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
         """One training step; see ``PolicyWorkerBase.train``. The weight version, peak memory

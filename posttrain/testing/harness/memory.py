@@ -53,25 +53,36 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _parent(pid: int | str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            # the command name (field 2) may hold spaces and parentheses: split after it
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _children_by_parent() -> dict[int, list[int]]:
     tree: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                # the command name (field 2) may hold spaces and parentheses: split after it
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        tree.setdefault(ppid, []).append(int(entry))
+        if entry.isdigit() and (ppid := _parent(entry)) is not None:
+            tree.setdefault(ppid, []).append(int(entry))
     return tree
 
 
+def _is_uv_run(pid: int) -> bool:
+    """Whether ``pid`` is a ``uv run ...``: Ray's uv integration (``RAY_ENABLE_UV_RUN_RUNTIME_ENV``,
+    on by default under ``uv run``) starts each worker through one, between raylet and worker."""
+    words = _cmdline(pid).split(" ", 2)
+    return len(words) > 1 and os.path.basename(words[0]) == "uv" and words[1] == "run"
+
+
 def ray_worker_pids(raylet_pid: int) -> list[int]:
-    """Ray worker processes of one raylet (children titled ``ray::...``) and their descendants."""
+    """Ray worker processes of one raylet (children titled ``ray::...``, or their children when
+    started through ``uv run``) and their descendants."""
     tree = _children_by_parent()
-    workers = [p for p in tree.get(raylet_pid, [])
+    children = [c for p in tree.get(raylet_pid, []) for c in (tree.get(p, []) if _is_uv_run(p) else [p])]
+    workers = [p for p in children
                if _cmdline(p).startswith("ray::") and not _cmdline(p).startswith(_RAY_SERVICE_TITLES)]
     found, stack = [], list(workers)
     while stack:
@@ -105,7 +116,8 @@ def read_this_node(raylet_pid: int | None) -> NodeReading:
 
 
 def _read_worker_node() -> NodeReading:
-    return read_this_node(os.getppid())
+    parent = os.getppid()  # the raylet, or the `uv run` that Ray's uv integration put in between
+    return read_this_node((_parent(parent) or parent) if _is_uv_run(parent) else parent)
 
 
 def _read_ray_nodes() -> list[NodeReading]:
@@ -114,7 +126,7 @@ def _read_ray_nodes() -> list[NodeReading]:
 
     # Workers may not have tests/ on sys.path: ship this module's code with the task.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    # A Ray worker's parent is its node's raylet.
+    # A Ray worker's parent is its node's raylet (or a `uv run` whose parent is).
     remote = ray.remote(num_cpus=0)(_read_worker_node)
     refs = [remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote()
             for node in ray.nodes() if node["Alive"]]

@@ -9,6 +9,7 @@ run a session is (a test derives its seeds from it).
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,20 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(shards.Sharding.from_options(config), "posttrain-shards")
     if testmon_asked(config):  # re-selects what testmon cannot see run: code inside Ray actors
         config.pluginmanager.register(RemoteTestmon(config), "posttrain-remote-testmon")
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # xdist's own hook is a plain one: the plugin order would decide
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker per CPU this process may run on (its affinity mask: ``taskset``, a
+    container's cpuset), where xdist counts the machine's physical cores (with psutil): a 32-core
+    host limited to 16 CPUs started 32 workers, each with its Ray cluster, and the tier ran past
+    10 minutes. ``$PYTEST_XDIST_AUTO_NUM_WORKERS`` and ``-n logical`` keep xdist's meaning (None:
+    xdist's own hook decides). A CPU quota without an affinity mask (``docker --cpus``) is not seen.
+    """
+    if not enabled(config) or os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") \
+            or getattr(config.option, "numprocesses", None) == "logical":
+        return None
+    return parallel.available_cpus()
 
 
 @pytest.fixture

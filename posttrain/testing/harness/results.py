@@ -3,7 +3,8 @@
 Schema (docs/testing.md shows an example)::
 
     exit_status  int    pytest's exit status of the session
-    git_commit   str    ``git rev-parse HEAD`` ("-dirty" appended with uncommitted changes; "unknown" outside git)
+    git_commit   str    ``git rev-parse HEAD`` ("-dirty" appended with uncommitted changes, untracked files
+                        included; "unknown" outside git)
     start_time   str    session start, ISO 8601 UTC (``2026-11-21T02:10:45Z``)
     metrics      dict   {test node id (``path::test[param]``): {name: value, "_elapsed": seconds of the call phase}}
     gpu_types    list   one name per local GPU (``nvidia-smi -L``); [] without GPUs
@@ -35,13 +36,14 @@ def results_dir(rootdir: Path) -> Path:
 
 
 def git_commit(rootdir: Path) -> str:
-    """HEAD's hash, with "-dirty" when tracked files changed; "unknown" without git."""
+    """HEAD's hash, with "-dirty" when the tree is not HEAD: a change unstaged or staged, or a file
+    git does not ignore and does not track yet (an experiment's new module); "unknown" without git."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=rootdir, capture_output=True, text=True, check=True,
                               timeout=30).stdout.strip()
     try:
         commit = git("rev-parse", "HEAD")
-        return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+        return commit + ("-dirty" if git("status", "--porcelain") else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

@@ -227,6 +227,12 @@ class _Evaluator:
         assert isinstance(node.func, ast.Name)
         args = [self.eval(a) for a in node.args]
         kwargs = {k.arg: self.eval(k.value) for k in node.keywords if k.arg}
+        # A threshold or a step bound of `1e999` (or `1e308 * 10`) is inf: ratio_above(x, 1e999) would
+        # be 0 and mean(x, 1, 1e999) the whole run, whatever the run. Metrics are checked by the helpers.
+        for arg_node, arg in zip([*node.args, *(k.value for k in node.keywords if k.arg)], [*args, *kwargs.values()],
+                                 strict=True):
+            if is_number(arg) and not math.isfinite(arg):
+                raise NonFiniteError(f"`{ast.unparse(arg_node)}` is {arg}; never passes")
         try:
             return HELPERS[node.func.id](*args, **kwargs)
         except RuleEvalError as e:  # NaN/inf inside a metric: name the metric, keep the kind

@@ -38,17 +38,24 @@ from posttrain.testing.rules.series import Series
 HUGE_FACTOR = 1e3  # stand-in magnitude, in units of the metric's observed scale
 MAX_NAMED_STEPS = 8  # steps a rule names, each tried missing on its own
 
-# Known ranges of the metrics posttrain logs: (exact name or prefix ending in "/", low, high).
+# Known ranges of the metrics posttrain logs: (exact name or prefix ending in "/", low, high), each
+# from the metric's definition (tests/unit/testing/rules/test_rule_domains.py derives them): fractions
+# in [0, 1]; a mean of exp(|logp_engine - logp_trainer|) >= 1; norms, |differences|, exp(.), k3 KL,
+# NLL, counts, seconds and GiB >= 0. Unlisted (train/loss, train/reward_mean): of any sign.
 # fmt: off
 METRIC_DOMAINS: tuple[tuple[str, float, float], ...] = (
     ("train/accuracy", 0.0, 1.0), ("train/clip_fraction", 0.0, 1.0),
     ("train/fraction_groups_kept", 0.0, 1.0), ("val/accuracy", 0.0, 1.0),
+    ("async/dropped_fraction", 0.0, 1.0),
     ("train/grad_norm", 0.0, math.inf), ("train/entropy", 0.0, math.inf),
     ("train/kl", 0.0, math.inf), ("train/lr", 0.0, math.inf),
     ("train/completion_length", 0.0, math.inf), ("train/num_optimizer_steps", 0.0, math.inf),
     ("train/skipped_optimizer_steps", 0.0, math.inf), ("train/probs_ratio_min", 0.0, math.inf),
-    ("train/probs_ratio_max", 0.0, math.inf), ("train/token_mult_prob_error", 1.0, math.inf),
+    ("train/probs_ratio_max", 0.0, math.inf), ("train/importance_weight", 0.0, math.inf),
+    ("train/token_mult_prob_error", 1.0, math.inf), ("train/refit_token_mult_prob_error", 1.0, math.inf),
+    ("train/refit_logprob_error", 0.0, math.inf),
     ("val/loss", 0.0, math.inf), ("timing/", 0.0, math.inf), ("memory/", 0.0, math.inf),
+    ("async/", 0.0, math.inf),  # staleness (versions), samples dropped, buffer size, overlap seconds
 )
 # fmt: on
 
@@ -142,18 +149,24 @@ def _structure_stand_ins(metric: str, real: Series, named: frozenset[str]) -> It
     steps, n = real.steps, len(real.steps)
     if n < 2:
         return
-    yield StandIn(f"{metric}: last step missing", {metric: Series(steps[:-1], real.step_values[:-1])})
-    yield StandIn(f"{metric}: first half only", {metric: Series(steps[: n // 2], real.step_values[: n // 2])})
-    # universal: a one-step series makes every two-point helper (slope) raise, whatever the rule
-    # says, so only the rule's own verdict counts (``len(x) >= 2`` says no to it itself)
-    yield StandIn(f"{metric}: first step only", {metric: Series(steps[:1], real.step_values[:1])}, universal=True)
+
+    def shorter(name: str, series: Series) -> StandIn:
+        # universal when one step is left: a one-step series makes every two-point helper (slope)
+        # raise, whatever the rule says, so only the rule's own verdict counts (``len(x) >= 2`` says
+        # no to it itself). Not only "first step only": a 2-step run's "last step missing" is one step too.
+        return StandIn(f"{metric}: {name}", {metric: series}, universal=len(series) < 2)
+
+    yield shorter("last step missing", Series(steps[:-1], real.step_values[:-1]))
+    yield shorter("first half only", Series(steps[: n // 2], real.step_values[: n // 2]))
+    yield shorter("first step only", Series(steps[:1], real.step_values[:1]))
+    # A step the rule names, missing: the rule's own lookup failing is what these stand-ins test.
     named_steps = sorted(int(k) for k in named if k.isdigit() and k in real)
     for step in named_steps[:MAX_NAMED_STEPS]:
         yield StandIn(f"{metric}: step {step} missing", {metric: _without(real, {step})})
     if len(named_steps) > 1 and len(named_steps) < n:
         yield StandIn(f"{metric}: named steps missing", {metric: _without(real, set(named_steps))})
     if not named_steps:
-        yield StandIn(f"{metric}: a middle step missing", {metric: _without(real, {steps[n // 2]})})
+        yield shorter("a middle step missing", _without(real, {steps[n // 2]}))
 
 
 def _value_stand_ins(data: Mapping[str, Any], metrics: list[str], kinds: Sequence[str]) -> Iterator[StandIn]:

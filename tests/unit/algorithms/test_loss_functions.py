@@ -322,3 +322,63 @@ def test_a_cap_without_behaviour_logprobs_raises() -> None:
     logprobs, data = _random_batch()
     with pytest.raises(KeyError, match="behaviour_logprobs"):
         ClippedPGLoss(importance_weight_cap=2.0)(logprobs, data, 4.0)
+
+
+# --- behaviours the automatic mutation run (tests/mutation/run_auto.sh) found untested ------------
+
+
+def test_kl_k3_clamps_the_log_ratio_at_plus_and_minus_20() -> None:
+    """Far past the clamp, k3 is the value at exactly -20 / +20, not at the raw log-ratio."""
+    kl = kl_k3(torch.tensor([0.0, 0.0], dtype=torch.float64), torch.tensor([-100.0, 100.0], dtype=torch.float64))
+    assert kl.tolist() == pytest.approx([math.exp(-20.0) + 20.0 - 1.0, math.exp(20.0) - 20.0 - 1.0], rel=1e-12)
+
+
+def test_without_reference_logprobs_and_kl_coef_0_the_loss_is_the_plain_clipped_pg() -> None:
+    logprobs, data = _random_batch(seed=6)
+    del data["ref_logprobs"]
+    num_tokens = float(data["completion_mask"].sum())
+    loss, metrics = ClippedPGLoss(0.2, 0.0)(logprobs, data, num_tokens)
+    hand = _hand_loss(logprobs, {**data, "ref_logprobs": logprobs}, num_tokens, 0.2, 0.0)  # k3 = 0
+    assert loss.item() == pytest.approx(hand, rel=1e-5)
+    assert "kl" not in metrics
+
+
+def test_a_positive_kl_coef_without_reference_logprobs_raises_naming_both() -> None:
+    logprobs, data = _random_batch()
+    del data["ref_logprobs"]
+    with pytest.raises(KeyError, match=r"kl_coef=0\.5 needs data\['ref_logprobs'\]"):
+        ClippedPGLoss(0.2, 0.5)(logprobs, data, 4.0)
+
+
+def test_the_ratio_extremes_ignore_padding_tokens_even_when_every_real_ratio_is_above_one() -> None:
+    # padding's ratio is exp(0) = 1 by construction; with every real ratio at 2 it must not show
+    old = torch.zeros(1, 3)
+    data = _data(old, [1.0], [[1.0, 1.0, 0.0]])
+    _, metrics = ClippedPGLoss(0.2, 0.0)(torch.full((1, 3), math.log(2.0)), data, 2.0)
+    assert metrics["probs_ratio_min"] == pytest.approx(2.0)
+    assert metrics["probs_ratio_max"] == pytest.approx(2.0)
+
+
+def test_nan_logprobs_under_the_mask_never_reach_the_loss_its_gradient_or_metrics() -> None:
+    """Entries past a completion are meaningless (compute_logprobs' contract): NaN there, in the
+    old, behaviour or reference logprobs, changes nothing."""
+    logprobs, data = _random_batch(seed=7)
+    data["behaviour_logprobs"] = data["old_logprobs"] - 0.3
+    num_tokens = float(data["completion_mask"].sum())
+    loss_fn = ClippedPGLoss(0.2, 0.1, importance_weight_cap=2.0)
+    loss, grad, metrics = _grad(loss_fn, logprobs, data, num_tokens)
+    padding = data["completion_mask"] == 0
+    nan = {k: v.clone() for k, v in data.items()}
+    for key in ("old_logprobs", "behaviour_logprobs", "ref_logprobs"):
+        nan[key][padding] = float("nan")
+    loss2, grad2, metrics2 = _grad(loss_fn, logprobs, nan, num_tokens)
+    assert loss2.item() == loss.item()
+    assert torch.equal(grad2, grad)
+    assert metrics2 == metrics
+
+
+def test_the_importance_weight_exponent_stops_at_20_even_under_a_larger_cap() -> None:
+    data = _data([[0.0]], [1.0], [[1.0]])
+    data["behaviour_logprobs"] = torch.tensor([[-100.0]])  # w = e^100 before the clamp
+    _, metrics = ClippedPGLoss(0.2, 0.0, importance_weight_cap=1e12)(torch.zeros(1, 1), data, 1.0)
+    assert metrics["importance_weight"] == pytest.approx(math.exp(20.0), rel=1e-6)

@@ -263,3 +263,29 @@ def test_padding_mask_counts_exactly_the_real_tokens_when_clamped() -> None:
     # the mask is a prefix of ones: no hole, no token past the completion
     for b, n in enumerate(batch.completion_lens.tolist()):
         assert batch.completion_mask[b, :n].eq(1).all() and batch.completion_mask[b, n:].eq(0).all()
+
+
+def test_a_bucket_of_one_token_is_a_valid_size() -> None:
+    # "positive sizes": 1 is the smallest; a one-token completion window is a real window
+    batch = make_batch([[3]], [[4]], PAD, (1, 2), (1, 2))
+    _check(batch, [[3]], [[4]], 2, 1)
+
+
+def test_an_all_empty_batch_gets_the_narrowest_completion_window() -> None:
+    # no completion token anywhere: the window is the first completion bucket, not a wider one
+    batch = make_batch([[3, 4]], [[]], PAD, SEQ_BUCKETS, (1, 2, 4))
+    assert batch.completion_mask.tolist() == [[0.0]]
+
+
+@pytest.mark.parametrize(
+    ("seq_buckets", "comp_buckets", "name"),
+    [((16, 8), COMP_BUCKETS, "seq_len_buckets"), (SEQ_BUCKETS, (4, 2), "completion_len_buckets")],
+)
+def test_a_bad_bucket_list_is_named_exactly_in_the_error(seq_buckets, comp_buckets, name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be ascending positive sizes, got "):
+        make_batch([[3]], [[4]], PAD, seq_buckets, comp_buckets)
+
+
+def test_the_empty_batch_error_says_what_make_batch_needs() -> None:
+    with pytest.raises(ValueError, match=r"^make_batch needs at least one sequence$"):
+        make_batch([], [], PAD, SEQ_BUCKETS, COMP_BUCKETS)

@@ -81,3 +81,10 @@ def test_a_sample_without_seq_len_raises() -> None:
     del batch[3]["seq_len"]  # type: ignore[misc]
     with pytest.raises(RolloutTagError, match="sample 3 has no 'seq_len' tag"):
         shard_for_data_parallel(batch, 2)
+
+
+def test_sharding_reads_only_the_ids_and_seq_len() -> None:
+    # the weight version and the rest are the filters' business: fan-out needs only these three tags
+    samples = [{"sample_id": i, "group_id": i // 2, "seq_len": 5} for i in range(4)]
+    shards = shard_for_data_parallel(samples, 2)  # type: ignore[arg-type]
+    assert [ids(s) for s in shards] == [[0, 1], [2, 3]]

@@ -313,3 +313,99 @@ def test_errors_reach_the_caller_of_the_actor_as_themselves(ray_cluster) -> None
             start_rollout_buffer(capacity=0)  # checked before an actor starts
     finally:
         ray.kill(buf)
+
+
+# --- behaviours the automatic mutation run (tests/mutation/run_auto.sh) found untested ------------
+
+
+def test_the_buffer_reads_only_the_sample_and_group_ids() -> None:
+    """Only ``sample_id`` and ``group_id`` are the buffer's business: a sample without the other
+    tags (weight version, seq_len: the filters' and the fan-out's) goes through."""
+    async def scenario() -> None:
+        buf = RolloutBuffer(capacity=4)
+        await buf.put([{"sample_id": 0, "group_id": 0}, {"sample_id": 1, "group_id": 0}])  # type: ignore[list-item]
+        assert ids(await buf.claim(2)) == [0, 1]
+
+    _run(scenario)
+
+
+def test_a_claim_of_one_sample_and_a_claim_of_the_whole_capacity_are_allowed() -> None:
+    async def scenario() -> None:
+        buf = RolloutBuffer(capacity=4)
+        await buf.put(make_group(0, size=1))
+        assert ids(await buf.claim(1)) == [0]
+        await buf.put(make_group(1, size=3))
+        await buf.clear([0], "consumed")
+        await buf.put(make_group(2, size=1))
+        assert ids(await buf.claim(4)) == [3, 4, 5, 2]  # put order: group 1 (ids 3-5), then group 2
+
+    _run(scenario)
+
+
+def test_put_and_claim_wait_a_minute_by_default() -> None:
+    import inspect
+
+    for method in (RolloutBuffer.put, RolloutBuffer.claim):
+        assert inspect.signature(method).parameters["timeout_s"].default == 60.0
+
+
+def test_the_put_errors_are_whole_sentences_naming_the_sample() -> None:
+    async def scenario() -> None:
+        buf = RolloutBuffer(capacity=7)
+        with pytest.raises(ValueError, match=r"^cannot put 8 samples into a buffer of capacity 7 "
+                                             r"\(it would wait forever\)$"):
+            await buf.put(make_group(0, size=8))
+        g1, g2 = make_group(1, size=2), make_group(2, size=2)
+        with pytest.raises(RolloutTagError, match=r"^sample 3: group 1 is put in pieces "
+                                                  r"\(put each group whole, its samples together\)$"):
+            await buf.put(g1[:1] + g2 + g1[1:])
+
+    _run(scenario)
+
+
+def test_start_rollout_buffer_asks_ray_for_a_named_actor_with_no_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The actor only holds data: it must reserve no CPU (a reserved one would starve the workers of
+    a 2-CPU cluster), carry the name it is found by, and be checked for its capacity before Ray is
+    asked. A stand-in ``ray`` module records the calls (the real actor: the two Ray tests above)."""
+    import sys
+    import types
+
+    calls: list[tuple[str, object]] = []
+
+    class _Actor:
+        def options(self, **kwargs: object) -> _Actor:
+            calls.append(("options", kwargs))
+            return self
+
+        def remote(self, *args: object) -> str:
+            calls.append(("remote", args))
+            return "handle"
+
+    fake = types.ModuleType("ray")
+    fake.remote = lambda cls: calls.append(("actor class", cls)) or _Actor()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    assert start_rollout_buffer(3, name="buf") == "handle"
+    assert calls == [("actor class", RolloutBuffer), ("options", {"num_cpus": 0, "name": "buf"}), ("remote", (3,))]
+    calls.clear()
+    with pytest.raises(ValueError, match="capacity"):
+        start_rollout_buffer(0)
+    assert calls == []
+
+
+def test_a_buffer_of_capacity_one_holds_a_sample() -> None:
+    async def scenario() -> None:
+        buf = RolloutBuffer(1)
+        await buf.put(make_group(0, size=1))
+        assert ids(await buf.claim(1)) == [0]
+
+    _run(scenario)
+
+
+def test_claiming_a_one_sample_group_ahead_of_a_bigger_group_splits_nothing() -> None:
+    async def scenario() -> None:
+        buf = RolloutBuffer(8)
+        await buf.put(make_group(0, size=1) + make_group(1, size=2, first_id=1))
+        assert ids(await buf.claim(1)) == [0]
+        assert ids(await buf.claim(2)) == [1, 2]
+
+    _run(scenario)

@@ -13,7 +13,7 @@ import pytest
 from unit.rollouts.rollout_helpers import ids, make_group
 
 from posttrain.errors import PosttrainError, RolloutTagError
-from posttrain.rollouts.filters import RolloutFilter, StalenessFilter, staleness
+from posttrain.rollouts.filters import RolloutFilter, StalenessFilter, describe, staleness
 from posttrain.rollouts.samples import TAGS, RolloutSample
 
 
@@ -144,3 +144,33 @@ def test_the_base_class_is_abstract_and_a_minimal_subclass_works() -> None:
 
     kept, dropped = DropOddGroups().split(make_group(0) + make_group(1), 0)
     assert ids(kept) == [0, 1, 2, 3] and ids(dropped) == [4, 5, 6, 7]
+
+
+# --- behaviours the automatic mutation run (tests/mutation/run_auto.sh) found untested ------------
+
+
+def test_a_current_version_that_is_not_an_int_is_named_with_its_type() -> None:
+    with pytest.raises(ValueError, match=r"^current_version must be an int, got 1\.5 \(float\)$"):
+        staleness(make_group(0)[0], 1.5)  # type: ignore[arg-type]
+
+
+def test_a_sample_without_a_sample_id_is_described_by_its_repr() -> None:
+    assert describe({"group_id": 1}) == "a sample without a sample_id ({'group_id': 1})"
+    assert describe([1, 2]) == "a sample without a sample_id ([1, 2])"  # not even a dict
+    assert describe({"sample_id": 17}) == "sample 17"
+
+
+def test_a_bad_sample_is_quoted_up_to_80_characters_then_cut_to_77_and_dots() -> None:
+    fits = "a" * 78  # its repr: 80 characters with the quotes
+    assert describe(fits) == f"a sample without a sample_id ('{fits}')"
+    longer = "a" * 79  # its repr: 81 characters
+    assert describe(longer) == f"a sample without a sample_id ('{'a' * 76}...)"
+
+
+def test_a_bad_sample_or_tag_is_named_with_its_type_and_value() -> None:
+    from posttrain.rollouts.filters import check_tags
+
+    with pytest.raises(RolloutTagError, match=r"^a rollout sample must be a dict, got list: \[1, 2\]$"):
+        check_tags([1, 2])
+    with pytest.raises(RolloutTagError, match=r"^sample 3: tag 'group_id' must be an int, got True \(bool\)$"):
+        check_tags({"sample_id": 3, "group_id": True}, ("sample_id", "group_id"))

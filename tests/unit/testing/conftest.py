@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
+
+# Property tests (hypothesis): the same examples on every run and machine (derandomize: each test's
+# seed is a hash of its name), nothing stored in .hypothesis/ (an untracked folder would mark the
+# checkout -dirty in unit_results.json), no deadline per example (a loaded 2-core machine is slow,
+# not wrong). A test sets its own ``max_examples`` to stay within seconds.
+settings.register_profile("posttrain", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.load_profile("posttrain")
 
 
 @pytest.fixture(autouse=True)

@@ -112,8 +112,10 @@ class VllmGenerationWorkerImpl:
                 model=self.model_path, dtype=self.cfg.dtype, seed=self.cfg.seed,
                 max_model_len=max_model_len, max_num_seqs=self.cfg.max_num_seqs,
                 kv_cache_memory_bytes=kv_bytes, gpu_memory_utilization=utilization,
-                # Logprobs after temperature (and top-k/top-p), the distribution tokens are
-                # sampled from: what the trainer's importance ratio divides by.
+                # The sampled tokens' logprobs after temperature and top-k/top-p (log_softmax of
+                # the processed logits, -inf outside the kept set: renormalised over it), the
+                # distribution tokens are drawn from and what the trainer's ratio divides by
+                # (GenerationOutput.logprobs). vLLM's default, raw_logprobs, is before both.
                 logprobs_mode="processed_logprobs", max_logprobs=-1,
                 enforce_eager=device == "cpu", enable_sleep_mode=self.cfg.sleep_when_idle,
                 disable_log_stats=True,

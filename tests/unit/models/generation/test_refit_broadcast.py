@@ -2,21 +2,24 @@
 
 ``generation.refit_transport=auto`` on CPUs broadcasts; the weights travel in buckets of
 ``generation.refit_bucket_mb`` (1 MiB here: the tiny model takes several), every engine then
-scores exactly as the trainer, and ``object_store`` sends no broadcast at all.
+scores exactly as the trainer, and ``object_store`` sends no broadcast at all. With several
+engines, a refit that one of them only pretends to load fails, whichever one it is.
 """
 
 from __future__ import annotations
 
 import pytest
+import ray
 from unit.models.generation.refit_helpers import train_step
 
 from posttrain.algorithms.runtime import refit, setup_runtime
-from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig
+from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig, RefitProbeConfig
+from posttrain.errors import RefitProbeError, StaleWeightsError
 
 
-def runtime(tiny_model_path: str, **generation):
+def runtime(tiny_model_path: str, num_workers: int = 2, **generation):
     return setup_runtime(ModelConfig(path=tiny_model_path), PolicyConfig(lr=1e-2),
-                         GenerationConfig(backend="hf", num_workers=2, **generation),
+                         GenerationConfig(backend="hf", num_workers=num_workers, **generation),
                          ClusterConfig(cpus_per_worker=0.5), seed=0)
 
 
@@ -49,6 +52,38 @@ def test_refit_transport_object_store_sends_no_broadcast(ray_cluster, tiny_model
         error = refit(rt.policy, rt.generation, rt.probe)["train/refit_logprob_error"]
         assert error < 1e-6
         assert rt.policy.last_broadcast is None
+    finally:
+        rt.shutdown()
+
+
+def test_a_refit_that_one_engine_only_pretends_to_load_fails_whichever_engine_it_is(ray_cluster, tiny_model_path):
+    """Three engines, a probe configured with 2 sequences (fewer than the engines): each engine in
+    turn takes the new version number without loading the weights. The refit must fail for every
+    one of them, the third (which a 2-row probe shared over 3 engines would leave unprobed) too.
+    Then each in turn loads nothing and keeps its old version: the version check names the split,
+    whichever engine lags (not only the first)."""
+    rt = runtime(tiny_model_path, num_workers=3, refit_transport="object_store",
+                 refit_probe=RefitProbeConfig(num_sequences=2))
+    try:
+        workers = rt.generation.group.workers
+        for index in range(3):
+            train_step(rt)
+            # inside that engine actor (lambdas travel by value): its loads take the version, copy nothing
+            ray.get(workers[index].__ray_call__.remote(
+                lambda engine: setattr(engine, "_load", lambda shapes, tensors, version: setattr(engine, "version",
+                                                                                                 version))))
+            with pytest.raises(RefitProbeError, match="weight-sync probe failed"):
+                refit(rt.policy, rt.generation, rt.probe)
+            ray.get(workers[index].__ray_call__.remote(lambda engine: delattr(engine, "_load")))  # its own again
+            assert refit(rt.policy, rt.generation, rt.probe)["train/refit_logprob_error"] < 1e-6  # all loaded
+        for index in range(3):  # an engine that loads nothing and keeps its old version: the versions disagree
+            train_step(rt)
+            ray.get(workers[index].__ray_call__.remote(
+                lambda engine: setattr(engine, "_load", lambda shapes, tensors, version: None)))
+            with pytest.raises(StaleWeightsError, match=r"disagree on the weight version: \[\d+, \d+\]"):
+                refit(rt.policy, rt.generation, rt.probe)
+            ray.get(workers[index].__ray_call__.remote(lambda engine: delattr(engine, "_load")))
+            refit(rt.policy, rt.generation, rt.probe)
     finally:
         rt.shutdown()
 

@@ -82,6 +82,29 @@ def test_probe_measures_the_engine_rows_it_is_given_and_refuses_a_short_receipt(
         probe.measure(None, None, trainer, [[-1.0, -2.0]])  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("stale_engine", [0, 1, 2, 3])
+def test_a_refit_that_missed_any_one_of_several_engines_fails_however_many_there_are(stale_engine):
+    """Four engines share the probe; one holds old weights (its rows 0.6 nats off, a healthy one's
+    0.01). The pooled mean (0.16) would pass the bf16 bound of 0.2; the worst engine (0.6) fails."""
+    probe = RefitProbe(RefitProbeConfig(num_sequences=8, prompt_tokens=2, completion_tokens=2), _Tok(), 1.0,
+                       "bf16", num_engines=4)
+    trainer = torch.zeros(8, 4)  # [B, L]: L a bucket of 4, the completions' 2 tokens first
+    trainer[:, :2] = -1.0
+    rows = [[-1.01, -1.01] if b // 2 != stale_engine else [-1.6, -1.6] for b in range(8)]  # 2 rows an engine
+    metrics = probe.measure(None, None, trainer, rows)  # type: ignore[arg-type]
+    assert metrics["train/refit_logprob_error"] == pytest.approx(0.6)
+    assert metrics["train/refit_token_mult_prob_error"] == pytest.approx(math.exp(0.6))
+    with pytest.raises(RefitProbeError, match="0.6 > generation.refit_probe.max_logprob_error = 0.2"):
+        probe.check(metrics, version=4)
+
+
+def test_every_engine_gets_probe_rows_even_when_there_are_more_engines_than_sequences():
+    probe = RefitProbe(RefitProbeConfig(num_sequences=2, prompt_tokens=3, completion_tokens=2), _Tok(), 1.0,
+                       num_engines=5)
+    assert len(probe.prompts) == len(probe.completions) == 5
+    assert len(RefitProbe(RefitProbeConfig(num_sequences=8), _Tok(), 1.0, num_engines=5).prompts) == 8
+
+
 # --- the probe on the Hugging Face backend: backend-independent, so it runs in the default tier ---
 
 def test_hf_probe_agrees_after_refit_and_catches_skipped_refit(hf_runtime):

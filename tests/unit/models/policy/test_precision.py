@@ -138,6 +138,147 @@ def test_the_probe_bound_follows_the_precision_unless_given() -> None:
     assert RefitProbe(RefitProbeConfig(max_logprob_error=None), _Tokenizer(), 1.0, "bf16").bound is None
 
 
+# --- precision contracts (issue 31, class 4) ----------------------------------------------------
+
+
+class RecordingLoss:
+    """``ClippedPGLoss`` that records what each micro-batch's loss got: the logprobs and ``data``."""
+
+    uses_old_logprobs = True
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[torch.Tensor, dict[str, torch.Tensor]]] = []
+
+    def __call__(self, logprobs, data, num_tokens):
+        self.calls.append((logprobs.detach().clone(), {k: v.detach().clone() for k, v in data.items()}))
+        return ClippedPGLoss()(logprobs, data, num_tokens)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16-mixed"])
+def test_the_loss_math_runs_in_fp32_on_a_bf16_models_logits(tiny_model_path, precision) -> None:
+    """Log-softmax, logprobs, the ratio and the entropy are float32 whatever the model computes
+    in: the numbers of float32 math on the model's own bf16 logits (bf16 math is ~1e-2 off), in
+    the train step and in ``get_logprobs``; a one-step call's ratio is exactly 1 (its denominator
+    the same float32 numbers, not a bf16 copy)."""
+    w = make_worker("hf", tiny_model_path, temperature=0.7, lr=1e-2, precision=precision,
+                    train_global_batch_size=4, train_micro_batch_size=4)
+    b = batch()
+    with torch.no_grad():
+        logits = w._forward_logits(w.model, b)  # [B, S, V], the model's own
+    assert logits.dtype == torch.bfloat16
+    mask = b.completion_mask.bool()
+    expected = torch.zeros(b.completion_mask.shape, dtype=torch.float64)
+    entropy = 0.0
+    for i in range(len(b)):
+        start = int(b.prompt_lens[i])
+        for j in range(int(b.completion_lens[i])):
+            logp = torch.log_softmax(logits[i, start + j - 1].double() / 0.7, -1)
+            expected[i, j] = logp[b.input_ids[i, start + j]]
+            entropy -= float((logp.exp() * logp).sum())
+    scored = w.get_logprobs(b)
+    assert scored.dtype == torch.float32
+    torch.testing.assert_close(scored[mask].double(), expected[mask], rtol=0, atol=1e-5)
+    loss = RecordingLoss()
+    metrics = w.train(b, {"advantages": torch.tensor([1.0, -1.0, 0.5, -0.5])}, loss)
+    [(logprobs, data)] = loss.calls
+    assert logprobs.dtype == data["old_logprobs"].dtype == w.old_logprobs.dtype == torch.float32
+    torch.testing.assert_close(logprobs[mask].double(), expected[mask], rtol=0, atol=1e-5)
+    assert metrics["probs_ratio_min"] == metrics["probs_ratio_max"] == 1.0
+    assert metrics["entropy"] == pytest.approx(entropy / mask.sum().item(), rel=1e-5)
+
+
+# The derivation of ``refit_probe.PROBE_BOUNDS`` (its comment, docs/testing.md "Precision"),
+# reproduced on a model whose logits are scaled up 25x (the final norm's weight): the probe's
+# random tokens then sit at |logp| ~16 nats, inside the 10-20 of the arithmetic warm start it was
+# measured on. A healthy refit must stay at or under the worst healthy error the derivation
+# measured (fp32: same weights, same arithmetic, 1e-6; bf16: the engine's bf16 rounding, 0.095),
+# the bound must keep 2x over that, and an engine one AdamW step behind must fail it (bf16-mixed:
+# lr 3e-5 leaves 0.48-0.66, the 0.61-0.69 measured after one step on the warm start; fp32: even
+# a step of lr 1e-6, 0.017).
+LOGIT_SCALE = 25.0
+HEALTHY_MAX = {"fp32": 1e-6, "bf16-mixed": 0.095}
+STALE_LR = {"fp32": 1e-6, "bf16-mixed": 3e-5}
+
+
+@pytest.fixture(scope="module")
+def peaked_model_path(tiny_model_path, tmp_path_factory) -> str:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(LOGIT_SCALE)
+    where = tmp_path_factory.mktemp("peaked")
+    model.save_pretrained(where)
+    AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(where)
+    return str(where)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_each_precisions_probe_bound_sits_where_its_derivation_puts_it(peaked_model_path, precision) -> None:
+    w = make_worker("hf", peaked_model_path, lr=STALE_LR[precision], precision=precision,
+                    train_global_batch_size=8, train_micro_batch_size=8)
+    engine = HfGenerationWorkerImpl(peaked_model_path, GenerationWorkerConfig(dtype=engine_dtype(precision)))
+    probes = [RefitProbe(RefitProbeConfig(seed=seed), _Tokenizer(), 1.0, precision) for seed in range(5)]
+    assert min(-w.get_logprobs(p.batch, whole_vocab=True).mean().item() for p in probes) > 10  # the regime
+    healthy = max(p.measure(w, engine)["train/refit_logprob_error"] for p in probes)
+    g = torch.Generator().manual_seed(0)
+    rows = make_batch([torch.randint(2, 17, (6,), generator=g).tolist() for _ in range(8)],
+                      [torch.randint(2, 17, (4,), generator=g).tolist() for _ in range(8)], pad_id=0)
+    w.train(rows, {"advantages": torch.tensor([1.0, -1.0] * 4)}, ClippedPGLoss())  # no refit after it
+    stale = min(p.measure(w, engine)["train/refit_logprob_error"] for p in probes)
+    bound = PROBE_BOUNDS[precision]
+    assert healthy <= HEALTHY_MAX[precision], (healthy, HEALTHY_MAX[precision])
+    assert 2 * HEALTHY_MAX[precision] <= bound < stale, (HEALTHY_MAX[precision], bound, stale)
+    assert PROBE_BOUNDS["bf16"] == PROBE_BOUNDS["bf16-mixed"]  # one engine dtype, one derivation
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_tf32_is_switched_on_and_off_as_asked(enabled) -> None:
+    """On CUDA the switch sets PyTorch's TF32 flags both ways (read back here without a GPU:
+    they are process settings); on a CPU it leaves them alone."""
+    from posttrain.models.precision import use_tf32_for_fp32
+
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        use_tf32_for_fp32("cuda", not enabled)
+        use_tf32_for_fp32("cuda", enabled)
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (enabled, enabled)
+        use_tf32_for_fp32("cpu", not enabled)
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (enabled, enabled)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+_GPUS = torch.cuda.device_count()
+
+
+@pytest.mark.gpu(1)
+@pytest.mark.skipif(_GPUS < 1, reason=f"needs 1 GPU, found {_GPUS}")
+def test_policy_tf32_is_honoured_both_ways_on_a_gpu(tiny_model_path) -> None:
+    """fp32 on a GPU: with tf32 on, the policy worker's and the engine's matmuls run on TF32
+    (a product is ~1e-2 off float64, the trainer's logprobs move off a CPU's full-fp32 values by
+    more than 1e-5); with it off they are full fp32, and a worker built after one that asked for
+    the other setting switches it back. The trainer and the engine agree on the probe either way."""
+    a, m = torch.randn(512, 512, dtype=torch.float64), torch.randn(512, 512, dtype=torch.float64)
+    exact = a @ m
+    b = batch()
+    reference = make_worker("hf", tiny_model_path, precision="fp32").get_logprobs(b)  # CPU, full fp32
+    mask = b.completion_mask.bool()
+    for enabled in (True, False, True):
+        w = make_worker("hf", tiny_model_path, precision="fp32", device="cuda", tf32=enabled)
+        product_error = ((a.float().cuda() @ m.float().cuda()).double().cpu() - exact).abs().max().item()
+        logprob_gap = (w.get_logprobs(b) - reference)[mask].abs().max().item()
+        # TF32 keeps 10 mantissa bits: a 512-term product is ~1e-2 off float64; full fp32 ~1e-5
+        assert (product_error > 1e-3) is enabled, (enabled, product_error)
+        assert (logprob_gap > 1e-5) is enabled, (enabled, logprob_gap)
+        engine = HfGenerationWorkerImpl(tiny_model_path, GenerationWorkerConfig(device="cuda", tf32=not enabled))
+        assert torch.backends.cuda.matmul.allow_tf32 is (not enabled)  # the engine's own setting, as asked
+        engine = HfGenerationWorkerImpl(tiny_model_path, GenerationWorkerConfig(device="cuda", tf32=enabled))
+        assert torch.backends.cuda.matmul.allow_tf32 is enabled
+        probe = RefitProbe(RefitProbeConfig(), _Tokenizer(), 1.0, "fp32")
+        assert probe.measure(w, engine)["train/refit_logprob_error"] <= PROBE_BOUNDS["fp32"]
+
+
 class _Tokenizer:
     """The probe's view of a tokenizer: 17 ids (the tiny arithmetic model's), 0 the pad."""
 

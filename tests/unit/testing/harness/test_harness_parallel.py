@@ -10,6 +10,7 @@ The inner runs are real pytest processes (``runpytest_subprocess``): xdist start
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -113,6 +114,22 @@ def test_unit_results_hold_what_tests_tracked_on_two_workers(tree):
         assert set(values) == {"_elapsed", "worker", "threads"}, nodeid
         # each worker's torch / OpenMP threads: its share of the CPUs
         assert values["threads"] == str(thread_share(available_cpus(), 2)), nodeid
+
+
+def test_auto_starts_one_worker_per_cpu_of_the_affinity_mask_not_per_core_of_the_machine(tree, monkeypatch):
+    """``-n auto`` in a process limited to one CPU (as ``taskset -c 0`` or a container's cpuset
+    limits it): one worker, whatever the machine has. xdist alone counts physical cores."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})  # the inner pytest inherits the mask
+    try:
+        result = tree.runpytest_subprocess("-p", "no:cacheprovider", "-n", "auto", "-k", "alpha", timeout=120)
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["created: 1/1 worker*"])
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "2")  # xdist's own override still wins
+    result = tree.runpytest_subprocess("-p", "no:cacheprovider", "-n", "auto", "-k", "alpha", timeout=120)
+    result.stdout.fnmatch_lines(["created: 2/2 workers"])
 
 
 def test_a_thread_count_of_your_own_wins(tree, monkeypatch):
