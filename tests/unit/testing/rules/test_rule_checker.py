@@ -102,3 +102,112 @@ def test_normalize_turns_step_dicts_into_series_once():
     data = normalize(DATA)
     assert isinstance(data["train/loss"], Series) and data["eval/score"] == 0.7
     assert normalize(data)["train/loss"] is data["train/loss"]
+
+
+def test_evaluate_rule_judges_the_compiled_tree_it_is_given_and_reports_the_rules_text():
+    # check_rules compiles every rule first, then hands each tree over with the text it came from
+    result = metric_rules.evaluate_rule(DATA, "my label", metric_rules.compile_rule('data["eval/score"] > 0.5'))
+    assert (result.rule, result.status, result.value) == ("my label", "PASS", 0.7)
+
+
+@pytest.mark.parametrize("rule", ["'a' + 1 > 0", "1 + 'a' > 0", "-'a' > 0"])
+def test_arithmetic_on_a_value_that_is_not_a_number_fails_naming_it(rule):
+    result = metric_rules.evaluate_rule({}, rule)
+    assert (result.status, result.message) == ("FAIL", "TypeError: `'a'` is 'a' (str), not a number")
+
+
+def test_check_rules_judges_each_rule_in_order_after_compiling_them_all(monkeypatch):
+    results = metric_rules.check_rules(DATA, ["1 < 2", 'max(data["train/loss"]) < 1'])
+    assert [(r.rule, r.status) for r in results] == [("1 < 2", "PASS"), ('max(data["train/loss"]) < 1', "FAIL")]
+    assert results[1].message == "1.9 < 1 is False"
+    calls = []
+    monkeypatch.setattr(metric_rules, "evaluate", lambda *a: calls.append(a))
+    with pytest.raises(RuleError, match="attribute access"):
+        metric_rules.check_rules(DATA, ["1 < 2", "data.keys()"])
+    assert calls == []
+
+
+# ------------------------------------------------------ the interpreter's FAIL messages and values
+
+NAN_RUN = normalize(
+    {"x": {"1": 1.0, "2": float("nan")}, "y": {"1": 1.0}, "z": {str(s): float(s) for s in range(1, 11)}}
+)
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        # a NaN a helper found names the metric it read, else the argument's text
+        ('all_finite(data["x"])', "metric 'x': step '2' is nan"),
+        ('all_finite(data["x"] or data["y"])', "data['x'] or data['y']: step '2' is nan"),
+        ('all_finite(values=data["x"])', "all_finite(values=data['x']): step '2' is nan"),
+        ("max(1, 'a') > 0", "`max(1, 'a')`: argument 2 is 'a', not a number"),
+        ("min('a', 1) > 0", "`min('a', 1)`: argument 1 is 'a', not a number"),
+    ],
+)
+def test_a_helper_failure_names_what_the_helper_read(rule, message):
+    result = metric_rules.evaluate_rule(NAN_RUN, rule)
+    assert (result.status, result.message) == ("FAIL", message)
+
+
+def test_a_failed_comparison_shows_each_side_cut_to_60_characters():
+    sixty, sixty_one = "a" * 60, "b" * 61
+    assert metric_rules.evaluate_rule({}, f"'{sixty}' == 'c'").message == f"{sixty} == c is False"
+    assert metric_rules.evaluate_rule({}, f"'{sixty_one}' == 'c'").message == f"{'b' * 57}... == c is False"
+
+
+def test_keyword_arguments_reach_the_helper():
+    assert metric_rules.evaluate_rule(NAN_RUN, 'mean(data["z"], range_start=9) == 9.5').status == "PASS"
+    assert metric_rules.evaluate_rule(NAN_RUN, 'mean(data["z"], 1, ignore_top_p=0.5) == 3').status == "PASS"
+
+
+def test_the_value_of_a_comparison_without_a_margin_is_its_left_side():
+    result = metric_rules.evaluate_rule(NAN_RUN, 'len(data["z"]) == 10')
+    assert (result.status, result.value, result.bound) == ("PASS", 10, None)
+
+
+@pytest.mark.parametrize("rule", ['"3" in data["z"]', '"3" not in data["z"]'])
+def test_a_membership_test_records_the_step_it_names(rule):
+    # the vacuity check tries that step missing: what makes `"3" not in data["z"]` sound
+    assert metric_rules.evaluate(NAN_RUN, metric_rules.compile_rule(rule)).reads == {"z": frozenset({"3"})}
+
+
+LOOKUP_RUN = normalize(
+    {"z": {str(s): float(s) for s in range(1, 11)}, "s": 0.5, **{f"train/loss_{c}": {"1": 1.0} for c in "abcde"}}
+)
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        # the one-line FAIL messages of the interpreter, word for word
+        ("1 > 2 or 2 > 3", "rule is False"),  # no top-level comparison to show
+        ('mean(data["z"])', "rule gave 5.5 (float), not True/False"),
+        ('data["zz"] > 0', "metric 'zz' not found in the metrics file (did you mean 'z'?)"),
+        ('data["train/loss_"] > 0',  # at most three suggestions, the closest first
+         "metric 'train/loss_' not found in the metrics file (did you mean 'train/loss_e', 'train/loss_d', "
+         "'train/loss_c'?)"),
+        ('data["qqq"] > 0', "metric 'qqq' not found in the metrics file"),
+        ('data["z"]["11"] > 0', "step '11' not in data['z']; logged: 1..10 (10 steps)"),
+        ('data["z"][3] > 0', "step 3 not in data['z'] (step keys are strings); logged: 1..10 (10 steps)"),
+        ("[1, 2][5] > 0", "`[1, 2][5]`: IndexError('list index out of range')"),
+        ('data["s"]["1"] > 0', "`data['s']['1']`: TypeError(\"'float' object is not subscriptable\")"),
+        ("1 / 0 > 1", "`1 / 0`: division by zero"),
+    ],
+)
+def test_the_interpreter_names_why_a_rule_failed(rule, message):
+    result = metric_rules.evaluate_rule(LOOKUP_RUN, rule)
+    assert (result.status, result.message) == ("FAIL", message)
+
+
+@pytest.mark.parametrize("rule", ["+2 == 2", "-2 == 0 - 2", "mean([1, 2, 3]) == 2", "max([1, 5, 2]) == 5"])
+def test_unary_signs_and_list_literals_evaluate_like_python(rule):
+    assert metric_rules.evaluate_rule({}, rule).status == "PASS"
+
+
+def test_a_rule_that_failed_before_its_comparison_has_no_value_and_was_not_judged():
+    evaluation = metric_rules.evaluate(LOOKUP_RUN, metric_rules.compile_rule('data["zz"] > 0'))
+    assert evaluation == metric_rules.Evaluation(
+        False, None, "metric 'zz' not found in the metrics file (did you mean 'z'?)", (), {"zz": frozenset()}, False
+    )
+    assert metric_rules.evaluate_rule(LOOKUP_RUN, 'data["zz"] > 0').value is None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from posttrain.testing.rules.checker import normalize
-from posttrain.testing.rules.completeness import check_completeness, last_logged_step, run_progress
+from posttrain.testing.rules.completeness import Completeness, check_completeness, last_logged_step, run_progress
 
 
 def steps(*numbers: int) -> dict[str, float]:
@@ -72,3 +72,22 @@ class TestCheckCompleteness:
     def test_no_steps_at_all(self):
         result = check_completeness(normalize({"eval/score": 0.7}), ["eval/score"], 10, None)
         assert not result.complete and "no steps" in result.message
+
+
+def test_a_run_whose_read_metrics_reach_the_end_is_judged_on_them_alone():
+    # train/loss runs on past the expected end; the rules read only val/accuracy, which reaches it
+    data = normalize({"train/loss": steps(*range(1, 251)), "val/accuracy": steps(0, 100, 200)})
+    assert run_progress(data, ["val/accuracy"], 200) == 200
+    assert run_progress(data, ["val/accuracy"], 199) == 200
+    assert run_progress(data, ["val/accuracy"], 201) == 250  # stops early: the whole run is scanned
+
+
+def test_an_incomplete_decision_is_false_with_its_message():
+    assert check_completeness(normalize({"eval/score": 0.7}), [], 10, None) == Completeness(
+        False, "run logged no steps (expected 10)"
+    )
+    assert check_completeness(STOPPED, [], 200, 60) == Completeness(False, "run stopped at step 60 of 200")
+    data = normalize({"train/loss": steps(*range(1, 201)), "train/kl": steps(*range(1, 101))})
+    assert check_completeness(data, ["train/kl"], 200, 200) == Completeness(
+        False, "'train/kl' stopped at step 100 of 200"
+    )

@@ -9,7 +9,20 @@ import statistics
 import pytest
 
 from posttrain.testing.rules.errors import FinitenessCheckFailed, NonFiniteError
-from posttrain.testing.rules.helpers import all_finite, exact_mean, first, last, last_step, mean, round_, slope, std
+from posttrain.testing.rules.helpers import (
+    all_finite,
+    exact_mean,
+    first,
+    last,
+    last_step,
+    mean,
+    median,
+    metric_max,
+    metric_min,
+    round_,
+    slope,
+    std,
+)
 from posttrain.testing.rules.interpreter import evaluate_rule
 from posttrain.testing.rules.series import Series, as_series
 
@@ -59,6 +72,21 @@ class TestSeries:
 
     def test_repr_is_short_for_long_series(self):
         assert repr(as_series({str(s): 0.0 for s in range(1, 10_001)})) == "Series(10000 steps, 1..10000)"
+        assert repr(Series([], [])) == "Series(no steps)"
+
+    def test_a_plain_number_is_one_value_at_step_1(self):
+        series = as_series(0.7)
+        assert (list(series.steps), list(series.step_values)) == ([1], [0.7])
+
+    def test_what_is_not_a_metric_a_list_or_a_number_is_named_with_its_type(self):
+        with pytest.raises(TypeError) as e:
+            as_series("train/loss")
+        assert str(e.value) == "'train/loss' (str) is not a metric, a list or a number"
+
+    def test_a_value_that_is_not_a_number_is_named_with_its_step_and_type(self):
+        with pytest.raises(TypeError) as e:
+            as_series({"1": 1.0, "2": "high"})
+        assert str(e.value) == "step '2' is 'high' (str), not a number"
 
 
 # ---------------------------------------------------------------------------- exact mean
@@ -81,6 +109,11 @@ class TestExactMean:
     def test_empty(self):
         with pytest.raises(ValueError, match="no values"):
             exact_mean([])
+
+    def test_empty_says_exactly_no_values(self):
+        with pytest.raises(ValueError) as e:
+            exact_mean([])
+        assert str(e.value) == "no values"
 
 
 # ------------------------------------------------------------------- first, last, last_step
@@ -203,6 +236,14 @@ class TestMeanRanges:
     def test_plain_number(self):
         assert mean(0.25) == 0.25
 
+    def test_range_end_1_is_step_0_only(self):
+        # range_end <= 0 counts back from the last step; 1 is a step number like any other
+        assert mean({"0": 5.0, "1": 1.0, "2": 2.0}, 0, 1) == 5.0
+
+    def test_an_empty_range_fails_the_rule_naming_the_range_and_the_logged_steps(self):
+        result = evaluate_rule({"x": RESUMED}, 'mean(data["x"], 6, 8) > 0')
+        assert result.message == '`mean(data[\'x\'], 6, 8)`: no steps in [6, 8) (logged: 1..10)'
+
 
 # --------------------------------------------------------------------- helpers in rules
 
@@ -237,3 +278,72 @@ class TestRound:
             round_("5")
         with pytest.raises(TypeError):
             round_(5.0, 1.5)
+
+
+# ------------------------------------------------- exact messages and defaults (mutation testing)
+
+
+class TestHelperFailMessages:
+    """A helper's error is the rule's one-line FAIL message: ``<the call>: <the helper's words>``."""
+
+    @pytest.mark.parametrize(
+        ("rule", "message"),
+        [
+            ("first([]) > 0", "`first([])`: no values"),
+            ("last([]) > 0", "`last([])`: no values"),
+            ("last_step([]) > 0", "`last_step([])`: no values"),
+            ("ratio_above([], 1) > 0", "`ratio_above([], 1)`: no values to compare with the threshold"),
+            ("mean([]) > 0", "`mean([])`: no values"),
+            ("all_finite([])", "`all_finite([])`: no values"),
+            ("mean([1], ignore_top_p=1.5) > 0",
+             "`mean([1], ignore_top_p=1.5)`: ignore_top_p must be between 0.0 and 1.0, got 1.5"),
+            ("round('5') == 5", "`round('5')`: round() of '5', not a number"),
+            ("round(5.5, 1.5) == 5", "`round(5.5, 1.5)`: round() ndigits must be an int, got 1.5"),
+            ("round(5.5, True) == 5", "`round(5.5, True)`: round() ndigits must be an int, got True"),
+        ],
+    )
+    def test_a_helper_that_cannot_answer_fails_the_rule_with_its_exact_message(self, rule, message):
+        result = evaluate_rule({}, rule)
+        assert (result.status, result.message) == ("FAIL", message)
+
+
+def test_median_reads_the_whole_run_from_step_1_by_default():
+    # steps 1..3: the median of all three is 5; from step 2 on it would be 5.5
+    assert median({"1": 1.0, "2": 5.0, "3": 6.0}) == 5.0
+    assert median({"0": 100.0, "1": 1.0, "2": 5.0, "3": 6.0}) == 5.0  # step 0 only with range_start=0
+
+
+def test_the_slope_of_a_line_far_from_zero_is_exact():
+    # a count or timestamp near 1e16 rising by 2 a step: the centred sums keep it exact, where
+    # sums of uncentred terms (x + x_mean, y + y_mean) lose the slope to rounding
+    assert slope({str(s): 1e16 + 2.0 * s for s in range(1, 11)}) == 2.0
+
+
+class TestMeanIgnoreTopP:
+    def test_the_largest_values_are_dropped_as_outliers(self):
+        assert mean([1.0, 100.0, 2.0, 3.0], ignore_top_p=0.25) == 2.0  # keeps int(4 * 0.75) = 3: 1, 2, 3
+        assert mean([1.0, 100.0, 2.0, 3.0], ignore_top_p=0.5) == 1.5
+
+    def test_dropping_everything_keeps_the_smallest_value(self):
+        assert mean([3.0, 1.0, 2.0], ignore_top_p=1.0) == 1.0
+        assert mean([3.0, 1.0, 2.0], ignore_top_p=0.9) == 1.0  # int(3 * 0.1) = 0
+
+    @pytest.mark.parametrize("p", [-0.1, 1.01, 1.5])
+    def test_a_fraction_outside_0_and_1_is_refused(self, p):
+        with pytest.raises(ValueError) as e:
+            mean([1.0, 2.0], ignore_top_p=p)
+        assert str(e.value) == f"ignore_top_p must be between 0.0 and 1.0, got {p}"
+
+
+class TestSeveralNumbers:
+    """``min(a, b)`` / ``max(a, b)`` called from Python (a rule refuses inf arguments before the helper)."""
+
+    def test_a_non_number_argument_is_named_by_position(self):
+        with pytest.raises(TypeError) as e:
+            metric_max(1.0, "a")
+        assert str(e.value) == "argument 2 is 'a', not a number"
+
+    def test_a_non_finite_argument_is_named_by_position(self):
+        with pytest.raises(NonFiniteError) as e:
+            metric_min(math.nan, 1.0)
+        assert str(e.value) == "argument 1 is nan; non-finite values never pass"

@@ -90,3 +90,51 @@ class TestTensorBoard:
         (tmp_path / "events.out.tfevents.1.host").write_bytes(b"\x00not an event file" * 10)
         with pytest.raises(MetricsFileError, match="no scalars"):
             load_tb_dir(tmp_path)
+
+
+class TestUsageErrorMessages:
+    """What the CLI prints for input it cannot read: the path, and the reason, word for word."""
+
+    def test_a_missing_metrics_file_is_named_with_the_os_reason(self, tmp_path):
+        path = tmp_path / "missing.json"
+        with pytest.raises(MetricsFileError) as e:
+            load_metrics(path)
+        assert str(e.value) == f"cannot read metrics file {path}: [Errno 2] No such file or directory: '{path}'"
+
+    def test_an_event_file_the_reader_chokes_on_names_the_directory_and_the_error(self, tmp_path, monkeypatch):
+        import posttrain.testing.tb_to_json as tb_to_json
+
+        def broken(log_dir):
+            raise ValueError("truncated record")
+
+        monkeypatch.setattr(tb_to_json, "dump_tb_logs", broken)
+        with pytest.raises(MetricsFileError) as e:
+            load_tb_dir(tmp_path)
+        assert str(e.value) == f"cannot read TensorBoard logs under {tmp_path}: ValueError: truncated record"
+
+    def test_a_bad_scalar_in_the_event_files_is_named_as_from_tensorboard(self, tmp_path, monkeypatch):
+        import posttrain.testing.tb_to_json as tb_to_json
+
+        monkeypatch.setattr(tb_to_json, "dump_tb_logs", lambda log_dir: {"train/loss": {"01": 1.0}})
+        with pytest.raises(MetricsFileError) as e:
+            load_tb_dir(tmp_path)
+        assert str(e.value) == (
+            f"metrics file {tmp_path} (TensorBoard): metric 'train/loss' step '01': "
+            "expected a step number such as '1', got '01'"
+        )
+
+
+class TestValidateMessages:
+    def test_a_metric_may_mix_int_and_float_values(self):
+        data = validate_metrics({"x": {"1": 1, "2": 0.5}, "y": {}}, "m.json")
+        assert list(data["x"].step_values) == [1, 0.5] and len(data["y"]) == 0
+
+    def test_a_top_level_that_is_not_an_object_is_named(self):
+        with pytest.raises(MetricsFileError) as e:
+            validate_metrics([1, 2], "m.json")
+        assert str(e.value) == "metrics file m.json: top level must be an object, got list"
+
+    def test_a_metric_that_is_neither_steps_nor_a_number_is_named(self):
+        with pytest.raises(MetricsFileError) as e:
+            validate_metrics({"x": "abc"}, "m.json")
+        assert str(e.value) == "metrics file m.json: metric 'x' is 'abc', not {step: value} or a number"

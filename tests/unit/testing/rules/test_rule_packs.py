@@ -8,7 +8,7 @@ import pytest
 
 from posttrain.testing.rules.checker import CheckOptions, normalize, run_checks
 from posttrain.testing.rules.interpreter import compile_rule
-from posttrain.testing.rules.packs import PACK_BOUNDS, PACKS, pack_rules
+from posttrain.testing.rules.packs import PACK_BOUNDS, PACKS, PackCheck, _moves, pack_rules
 
 
 def grpo_run(steps: int = 20, **overrides: dict[str, float]) -> dict:
@@ -170,3 +170,19 @@ def test_metrics_that_are_legitimately_constant_have_no_must_move_check():
         rules = " ".join(spec.text for spec in pack_rules(pack, {}, {}) if spec.text.startswith("std("))
         for metric in ("train/token_mult_prob_error", "train/refit_", "train/lr", "train/clip_fraction"):
             assert metric not in rules, (pack, metric)
+
+
+def test_a_must_move_check_is_std_above_zero_from_step_1_or_from_the_evaluation_before_training():
+    # PACKS is built once at import; the builder itself, as a pack author calls it
+    assert _moves("train/loss") == PackCheck("train/loss", 'std(data["train/loss"]) > 0')
+    assert _moves("train/kl", optional=True) == PackCheck("train/kl", 'std(data["train/kl"]) > 0', optional=True)
+    assert _moves("val/loss", optional=True, from_step_0=True) == PackCheck(
+        "val/loss", 'std(data["val/loss"], 0) > 0', optional=True
+    )
+    assert _moves("val/loss", from_step_0=True) == PackCheck("val/loss", 'std(data["val/loss"], 0) > 0')
+    assert {c for pack in PACKS.values() for c in pack if c.template.startswith("std(")} == {
+        _moves(m, optional=o, from_step_0=z)
+        for m, o, z in [("train/loss", False, False), ("train/grad_norm", False, False),
+                        ("train/entropy", False, False), ("train/entropy", True, False), ("train/kl", True, False),
+                        ("train/reward_mean", False, False), ("val/loss", True, True)]
+    }

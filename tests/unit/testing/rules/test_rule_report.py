@@ -44,9 +44,16 @@ class TestFormatting:
     def test_format_number(self, value, text):
         assert format_number(value) == text
 
-    @pytest.mark.parametrize(("margin", "text"), [(None, ""), (1.2133, "+121%"), (-0.86, "-86%"), (0.048, "+4.8%")])
+    @pytest.mark.parametrize(
+        ("margin", "text"),
+        [(None, ""), (1.2133, "+121%"), (-0.86, "-86%"), (0.048, "+4.8%"), (0.1, "+10%"), (-0.1, "-10%")],
+    )
     def test_format_margin(self, margin, text):
         assert format_margin(margin) == text
+
+    def test_a_long_value_is_cut_to_40_characters(self):
+        assert format_number("a" * 40) == "a" * 40
+        assert format_number("a" * 41) == "a" * 37 + "..."
 
     def test_value_cell_shows_bound_and_margin(self):
         assert format_value_cell(RESULTS[0]) == "3.167 (bound 100, +97%)"
@@ -90,3 +97,45 @@ class TestJsonAndMarkdown:
         assert rule_row.endswith("never \\| passes |")
         assert '`data["a\\|b"]["1"] < 1 or "[bold]x" in data`' in rule_row
         assert "0.42 &gt;= 0.5 is False" in md and md.endswith("\n")
+
+
+class TestExactLayout:
+    def test_markdown_summary_is_a_github_table_with_every_cell_on_one_line(self):
+        results = [
+            CheckResult("x < 1", "PASS", 0.5, ""),
+            CheckResult("y > 0", "FAIL", -1.0, "-1 > 0 is False\n<see the log>", 0, -1.0),
+        ]
+        assert markdown_summary(results, title="Checks") == (
+            "### Checks\n"
+            "\n"
+            "2 checks: 1 PASS, 1 FAIL\n"
+            "\n"
+            "| Status | Check | Value | Message |\n"
+            "|---|---|---|---|\n"
+            "| PASS | `x < 1` | 0.5 |  |\n"
+            "| FAIL | `y > 0` | -1 (bound 0, -100%) | -1 &gt; 0 is False &lt;see the log&gt; |\n"
+        )
+
+    def test_the_table_styles_and_sizes_each_column(self):
+        table = build_table(RESULTS[:1])
+        assert table.title == "Metric Checks"
+        columns = [(c.header, c.style, c.ratio, c.no_wrap, c.overflow) for c in table.columns]
+        assert columns == [
+            ("Status", "bold", None, True, "fold"),
+            ("Check", "", 3, False, "fold"),
+            ("Value", "cyan", 2, False, "fold"),
+            ("Message", "italic", 2, False, "fold"),
+        ]
+        statuses = build_table(RESULTS).columns[0].cells
+        assert [(cell.plain, cell.style) for cell in statuses] == [
+            ("PASS", "green"), ("WARN", "yellow"), ("FAIL", "red"),
+            ("VACUOUS", "magenta"), ("SKIP", "dim"), ("FAIL", "red"),
+        ]
+
+
+class TestJsonRowValues:
+    def test_a_value_json_cannot_hold_exactly_becomes_its_text_and_none_stays_null(self):
+        row = CheckResult("r", "FAIL", (1, 2), "m", None, None).to_json()
+        assert (row["value"], row["bound"], row["margin"]) == ("(1, 2)", None, None)
+        row = CheckResult("r", "PASS", [0.5], "", "abc", -math.inf).to_json()
+        assert (row["value"], row["bound"], row["margin"]) == ("[0.5]", "abc", "-inf")

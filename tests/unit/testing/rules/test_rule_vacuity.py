@@ -9,7 +9,7 @@ import pytest
 from posttrain.testing.rules.checker import normalize
 from posttrain.testing.rules.interpreter import Evaluation, compile_rule, evaluate
 from posttrain.testing.rules.series import Series
-from posttrain.testing.rules.vacuity import StandIn, caught, check_vacuity, domain, stand_ins
+from posttrain.testing.rules.vacuity import StandIn, Vacuity, caught, check_vacuity, domain, stand_ins
 
 # A 20-step run in which the loss falls, reward rises and accuracy improves.
 DATA = normalize(
@@ -178,3 +178,106 @@ class TestCaught:
         zeros = StandIn("zeros (x)", {})
         assert caught(Evaluation(False, None, "metric 'x' has no values"), zeros)
         assert not caught(Evaluation(True, True, ""), zeros)
+
+
+def structure(series: Series, named: frozenset[str] = frozenset()) -> list[tuple[str, list[int], bool]]:
+    """The structure stand-ins of metric ``x``: (name, steps left, universal)."""
+    return [
+        (s.name, list(s.replace["x"].steps), s.universal)
+        for s in stand_ins({"x": series}, {"x": named})
+        if s.name.startswith("x: ")
+    ]
+
+
+class TestStructureStandIns:
+    FOUR = Series([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])
+
+    def test_a_rule_that_names_no_step_gets_shorter_runs_and_a_middle_step_missing(self):
+        assert structure(self.FOUR) == [
+            ("x: last step missing", [1, 2, 3], False),
+            ("x: first half only", [1, 2], False),  # two steps: slope can still read it
+            ("x: first step only", [1], True),  # one step: every two-point helper refuses it
+            ("x: a middle step missing", [1, 2, 4], False),
+        ]
+
+    def test_each_named_step_goes_missing_alone_then_all_together(self):
+        # "99" is not a logged step and "x" not a step: neither is tried
+        assert structure(self.FOUR, frozenset({"3", "1", "99", "x"}))[3:] == [
+            ("x: step 1 missing", [2, 3, 4], False),
+            ("x: step 3 missing", [1, 2, 4], False),
+            ("x: named steps missing", [2, 4], False),
+        ]
+
+    def test_one_named_step_is_tried_once_and_replaces_the_middle_step(self):
+        assert structure(self.FOUR, frozenset({"2"}))[3:] == [("x: step 2 missing", [1, 3, 4], False)]
+        assert structure(self.FOUR, frozenset({"99"}))[3:] == [("x: a middle step missing", [1, 2, 4], False)]
+
+    def test_a_two_step_run_never_loses_every_step(self):
+        two = Series([1, 2], [1.0, 2.0])
+        assert structure(two, frozenset({"1", "2"})) == [
+            ("x: last step missing", [1], True),
+            ("x: first half only", [1], True),
+            ("x: first step only", [1], True),
+            ("x: step 1 missing", [2], False),
+            ("x: step 2 missing", [1], False),
+        ]
+
+    def test_a_one_step_run_has_no_shorter_run(self):
+        assert structure(Series([5], [1.0])) == []
+
+
+def test_ramps_run_from_zero_to_huge_and_a_one_step_ramp_is_zero():
+    by_name = {s.name: s.replace["x"] for s in stand_ins({"x": TestStructureStandIns.FOUR}, {"x": frozenset()})}
+    up, down = list(by_name["ramp up (x)"].step_values), list(by_name["ramp down (x)"].step_values)
+    assert up == pytest.approx([0.0, 4000 / 3, 8000 / 3, 4000.0]) and up[0] == 0.0 and up[-1] == 4000.0
+    assert down == up[::-1]
+    one = {s.name: s.replace["x"] for s in stand_ins({"x": Series([5], [2.0])}, {"x": frozenset()})}
+    assert list(one["ramp up (x)"].step_values) == list(one["ramp down (x)"].step_values) == [0.0]
+
+
+def test_the_nan_stand_in_poisons_the_middle_step():
+    by_name = {s.name: s.replace["x"] for s in stand_ins({"x": TestStructureStandIns.FOUR}, {"x": frozenset()})}
+    values = list(by_name["NaN (x)"].step_values)
+    assert [math.isnan(v) for v in values] == [False, False, True, False] and values[:2] == [1.0, 2.0]
+
+
+class TestVerdict:
+    """The exact decision: vacuous or not, why (the VACUOUS message), and how many stand-ins it took."""
+
+    def test_a_rule_that_reads_no_metric_is_vacuous_without_trying_a_stand_in(self):
+        assert vacuity("1 < 2") == Vacuity(True, "reads no metric, so no run can make it fail", 0)
+
+    def test_a_sound_rule_names_the_first_stand_in_that_fails_it_and_counts_the_tries(self):
+        # zeros pass `< 100`; the second stand-in, constant huge, fails it
+        assert vacuity('max(data["train/grad_norm"]) < 100') == Vacuity(
+            False, "fails on stand-in: constant huge (train/grad_norm)", 2
+        )
+        assert vacuity('min(data["train/grad_norm"]) > 0') == Vacuity(
+            False, "fails on stand-in: zeros (train/grad_norm)", 1
+        )
+
+    def test_a_vacuous_rule_says_how_many_stand_ins_it_passed(self):
+        tried = len(list(stand_ins(DATA, {"train/loss": frozenset()})))
+        assert vacuity('min(data["train/loss"]) >= -1e9') == Vacuity(
+            True,
+            f"passes on all {tried} stand-ins for train/loss (zeros, +-1000 x the observed scale, reversed, noise, "
+            "ramps, NaN, missing steps, shorter runs): cannot catch a broken run",
+            tried,
+        )
+
+
+def test_a_vacuous_rule_over_several_metrics_names_them_all():
+    rule = 'min(data["train/loss"]) >= -1e9 and max(data["train/accuracy"]) <= 1'
+    result = vacuity(rule)
+    assert result.vacuous
+    assert f"passes on all {result.tried} stand-ins for train/accuracy, train/loss (" in result.reason
+
+
+def test_a_metric_with_no_finite_value_still_gets_stand_ins_of_scale_1e3():
+    from posttrain.testing.rules.vacuity import huge
+
+    assert huge(Series([1, 2], [math.nan, math.inf])) == 1e3 and huge(math.nan) == 1e3
+    # `len(...)` passes on a run of NaNs: its stand-ins are still built, and a shorter run fails it
+    data = normalize({"x": {"1": math.nan, "2": math.inf}})
+    result = vacuity('len(data["x"]) == 2', data)
+    assert not result.vacuous and result.reason == "fails on stand-in: x: last step missing"
