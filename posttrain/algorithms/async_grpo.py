@@ -33,7 +33,8 @@ import torch
 
 from posttrain.algorithms import checkpointing
 from posttrain.algorithms.evaluation import is_validation_step
-from posttrain.algorithms.grpo import GRPOMasterConfig, Rollouts, learn, validate
+from posttrain.algorithms.grpo_config import GRPOMasterConfig
+from posttrain.algorithms.grpo_step import Rollouts, learn, validate
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.rollout_producer import start_rollout_producer
 from posttrain.algorithms.runtime import open_run, refit

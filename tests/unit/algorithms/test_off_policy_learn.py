@@ -1,4 +1,4 @@
-"""``grpo.learn`` with off-policy rollouts: which logprobs the PPO ratio is taken against.
+"""``grpo_step.learn`` with off-policy rollouts: which logprobs the PPO ratio is taken against.
 
 Asynchronous GRPO trains on samples drawn by older weights. The ratio must then use the
 behaviour (engine) logprobs of the weights that drew them, or the trainer's old logprobs
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from posttrain.algorithms import grpo
+from posttrain.algorithms import grpo, grpo_step
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.data.types import MathProblem
 from posttrain.utils.timer import Timer
@@ -42,13 +42,13 @@ class RecordingPolicy:
         return {"loss": 0.0}
 
 
-def rollouts(version: int) -> grpo.Rollouts:
+def rollouts(version: int) -> grpo_step.Rollouts:
     """2 groups of 2, rewards varied in each; completion i has logprobs -(i + 1) / 10 per token."""
     problem = MathProblem("1+1=", "2", "2")
     completions = [[5, 6], [7], [5], [6, 7, 8]]
-    return grpo.Rollouts([problem] * 4, [[1, 2]] * 4, completions,
-                         [[-(i + 1) / 10] * len(c) for i, c in enumerate(completions)],
-                         torch.tensor([1.0, 0.0, 0.0, 1.0]), version)
+    return grpo_step.Rollouts([problem] * 4, [[1, 2]] * 4, completions,
+                              [[-(i + 1) / 10] * len(c) for i, c in enumerate(completions)],
+                              torch.tensor([1.0, 0.0, 0.0, 1.0]), version)
 
 
 def learn(loss_fn: ClippedPGLoss, off_policy: bool, version: int = 3, trainer_version: int = 4,
@@ -56,7 +56,7 @@ def learn(loss_fn: ClippedPGLoss, off_policy: bool, version: int = 3, trainer_ve
     policy = policy or RecordingPolicy()
     rt = SimpleNamespace(policy=policy, tokenizer=SimpleNamespace(pad_token_id=0))
     cfg = grpo.GRPOMasterConfig.model_validate({"grpo": {"num_prompts_per_step": 2, "completions_per_prompt": 2}})
-    metrics = grpo.learn(rt, rollouts(version), cfg, loss_fn, Timer(), trainer_version, off_policy=off_policy)
+    metrics = grpo_step.learn(rt, rollouts(version), cfg, loss_fn, Timer(), trainer_version, off_policy=off_policy)
     return policy.extra, metrics
 
 
@@ -122,3 +122,14 @@ def test_a_train_call_that_reports_no_old_logprobs_stops_the_step() -> None:
 
     with pytest.raises(RuntimeError, match="reported no old logprobs"):
         learn(ClippedPGLoss(), off_policy=False, version=4, policy=Silent())
+
+
+def test_learn_times_its_work_in_phases_of_its_own_never_the_scoring_phase() -> None:
+    """The loops time the verifier's scoring as ``reward``; a learn call's work (the kept rows
+    and advantages, the reference logprobs, the train call) has phases of its own, so
+    ``timing/reward`` is the scoring alone: every phase is named once."""
+    timer = Timer()
+    rt = SimpleNamespace(policy=RecordingPolicy(), tokenizer=SimpleNamespace(pad_token_id=0))
+    cfg = grpo.GRPOMasterConfig.model_validate({"grpo": {"num_prompts_per_step": 2, "completions_per_prompt": 2}})
+    grpo_step.learn(rt, rollouts(4), cfg, ClippedPGLoss(kl_coef=0.1), timer, trainer_version=4)
+    assert set(timer.pop()) == {"timing/advantages", "timing/logprobs", "timing/train"}
