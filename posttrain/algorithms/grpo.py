@@ -51,13 +51,13 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
                 check_on_policy(rollouts, version, step)
             with timer.time("reward"):
                 score_rollouts(rt.tokenizer, rollouts)
-            metrics = learn(rt, rollouts, cfg, loss_fn, timer, version)
+            metrics, trained = learn(rt, rollouts, cfg, loss_fn, timer, version)
             with timer.time("refit"):  # + the weight-sync probe, which raises over its bound
                 metrics.update(refit(rt.policy, rt.engine, rt.probe))
             if is_validation_step(step, cfg.grpo.val_period, cfg.grpo.num_steps):
                 with timer.time("validation"):
                     metrics.update(validate(rt, val_problems, cfg))
-            metrics.update(rt.resource_metrics(timer, start))
+            metrics.update(rt.resource_metrics(timer, start, trained))
             logger.log(metrics, step)
             checkpointing.after_step(rt.policy, cfg, step, cfg.grpo.num_steps)
     return logger.metrics

@@ -25,6 +25,7 @@ from posttrain.data.types import MathProblem
 from posttrain.environments.math_verifier import math_reward
 from posttrain.errors import StaleWeightsError
 from posttrain.models.generation.interfaces import Generation, SamplingParams
+from posttrain.models.policy.interfaces import TrainResult
 from posttrain.ops import masked_mean
 from posttrain.utils.timer import Timer
 
@@ -136,9 +137,10 @@ def validate(rt: Runtime, val: list[MathProblem], cfg: GRPOMasterConfig) -> dict
 
 
 def learn(rt: Runtime, rollouts: Rollouts, cfg: GRPOMasterConfig, loss_fn: ClippedPGLoss, timer: Timer,
-          trainer_version: int, off_policy: bool = False) -> dict[str, float]:
+          trainer_version: int, off_policy: bool = False) -> tuple[dict[str, float], TrainResult]:
     """One policy update from scored rollouts: advantages, the kept rows, (when ``kl_coef``
-    > 0) reference logprobs, the train call; returns the step's ``train/*`` metrics.
+    > 0) reference logprobs, the train call; returns the step's ``train/*`` metrics and the
+    train call's :class:`TrainResult` (its peak memory goes to ``Runtime.resource_metrics``).
 
     The old logprobs (the trainer's, of the weights the update starts from) are scored by the
     worker inside the train call (``PolicyWorkerBase.train``): from the train forward itself
@@ -167,13 +169,12 @@ def learn(rt: Runtime, rollouts: Rollouts, cfg: GRPOMasterConfig, loss_fn: Clipp
     elif off_policy:
         extra["old_logprobs"] = gen_logprobs
     with timer.time("train"):
-        train_metrics = rt.policy.train(batch, extra, loss_fn)
-    metrics = {f"train/{k}": v for k, v in train_metrics.items()}
+        trained = rt.policy.train(batch, extra, loss_fn)
+    metrics = {f"train/{k}": v for k, v in trained.metrics.items()}
     metrics.update(rollout_metrics(rollouts, cfg.grpo))
     if rollouts.weight_version == trainer_version:
-        old_logprobs = rt.policy.old_logprobs
-        if old_logprobs is None:
+        if trained.old_logprobs is None:
             raise RuntimeError("the policy's train call reported no old logprobs (its loss reads them)")
-        metrics["train/token_mult_prob_error"] = token_mult_prob_error(gen_logprobs, old_logprobs,
+        metrics["train/token_mult_prob_error"] = token_mult_prob_error(gen_logprobs, trained.old_logprobs,
                                                                        batch.completion_mask)
-    return metrics
+    return metrics, trained

@@ -10,6 +10,7 @@ test_loss_functions.py, the whole path with real actors in tests/integration/tes
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +19,7 @@ import torch
 from posttrain.algorithms import grpo, grpo_step
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.data.types import MathProblem
+from posttrain.models.policy.interfaces import TrainResult
 from posttrain.utils.timer import Timer
 
 TRAINER_LOGPROB = -0.5
@@ -30,16 +32,14 @@ class RecordingPolicy:
     def __init__(self) -> None:
         self.extra: dict[str, torch.Tensor] = {}
         self.asked: list[bool] = []  # the ``reference`` argument of each get_logprobs call
-        self.old_logprobs: torch.Tensor | None = None
 
     def get_logprobs(self, batch, reference: bool = False) -> torch.Tensor:
         self.asked.append(reference)
         return torch.full(batch.completion_mask.shape, -0.7 if reference else TRAINER_LOGPROB)
 
-    def train(self, batch, extra, loss_fn):
+    def train(self, batch, extra, loss_fn) -> TrainResult:
         self.extra = extra
-        self.old_logprobs = torch.full(batch.completion_mask.shape, TRAINER_LOGPROB)
-        return {"loss": 0.0}
+        return TrainResult({"loss": 0.0}, 1, 0.5, torch.full(batch.completion_mask.shape, TRAINER_LOGPROB))
 
 
 def rollouts(version: int) -> grpo_step.Rollouts:
@@ -56,7 +56,7 @@ def learn(loss_fn: ClippedPGLoss, off_policy: bool, version: int = 3, trainer_ve
     policy = policy or RecordingPolicy()
     rt = SimpleNamespace(policy=policy, tokenizer=SimpleNamespace(pad_token_id=0))
     cfg = grpo.GRPOMasterConfig.model_validate({"grpo": {"num_prompts_per_step": 2, "completions_per_prompt": 2}})
-    metrics = grpo_step.learn(rt, rollouts(version), cfg, loss_fn, Timer(), trainer_version, off_policy=off_policy)
+    metrics, _ = grpo_step.learn(rt, rollouts(version), cfg, loss_fn, Timer(), trainer_version, off_policy=off_policy)
     return policy.extra, metrics
 
 
@@ -115,10 +115,8 @@ def test_a_train_call_that_reports_no_old_logprobs_stops_the_step() -> None:
     (a worker that skipped scoring them) fails the step in one line, not a silently missing metric."""
 
     class Silent(RecordingPolicy):
-        def train(self, batch, extra, loss_fn):
-            super().train(batch, extra, loss_fn)
-            self.old_logprobs = None
-            return {"loss": 0.0}
+        def train(self, batch, extra, loss_fn) -> TrainResult:
+            return dataclasses.replace(super().train(batch, extra, loss_fn), old_logprobs=None)
 
     with pytest.raises(RuntimeError, match="reported no old logprobs"):
         learn(ClippedPGLoss(), off_policy=False, version=4, policy=Silent())

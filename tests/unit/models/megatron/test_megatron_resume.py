@@ -36,7 +36,7 @@ def _train_steps(policy, steps: int) -> list[dict[str, float]]:
     """``steps`` GRPO updates of ``policy`` on one fixed batch (two optimizer steps each)."""
     batch = make_batch([[2, 3, 4], [5, 6], [7, 8, 9, 10], [4, 4]], [[11, 12], [13], [14, 15, 16], [12, 3]], 0)
     advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
-    return [policy.train(batch, {"advantages": advantages}, ClippedPGLoss()) for _ in range(steps)]
+    return [policy.train(batch, {"advantages": advantages}, ClippedPGLoss()).metrics for _ in range(steps)]
 
 
 def _max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
