@@ -2,7 +2,7 @@
 
 Every section is a strict pydantic model (unknown keys are errors) and holds its defaults;
 nothing else in the library supplies a default for a config value. Algorithm-specific
-sections and the top-level schemas live next to their algorithm (``algorithms/grpo.py``,
+sections and the top-level schemas live next to their algorithm (``algorithms/grpo_config.py``,
 ``algorithms/sft.py``); the sections shared by several algorithms live here.
 """
 

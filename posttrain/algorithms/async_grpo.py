@@ -33,7 +33,8 @@ import torch
 
 from posttrain.algorithms import checkpointing
 from posttrain.algorithms.evaluation import is_validation_step
-from posttrain.algorithms.grpo import GRPOMasterConfig, Rollouts, learn, validate
+from posttrain.algorithms.grpo_config import GRPOMasterConfig
+from posttrain.algorithms.grpo_step import Rollouts, learn, validate
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.rollout_producer import start_rollout_producer
 from posttrain.algorithms.runtime import open_run, refit
@@ -140,10 +141,12 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
                 kept, dropped = staleness_filter.split(claimed, version)
                 metrics = staleness_metrics(claimed, dropped, version)
                 metrics["async/buffer_size"] = float(ray.get(buffer.status.remote()).size - len(claimed))
+                trained = None  # every sample stale: nothing to train on this step
                 if kept:
                     shards = shard_for_data_parallel(kept, DATA_PARALLEL_SIZE)
                     rollouts = to_rollouts([s for shard in shards for s in shard])
-                    metrics.update(learn(rt, rollouts, cfg, loss_fn, timer, version, off_policy=True))
+                    learned, trained = learn(rt, rollouts, cfg, loss_fn, timer, version, off_policy=True)
+                    metrics.update(learned)
                 if acfg.max_staleness > 0:
                     # Only an occasional fresh step would have it: a series with gaps reads as a run
                     # that stopped early. The weight-sync probe checks the engine at every refit.
@@ -160,7 +163,7 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
                 waited = timer.peek("generation")
                 metrics["async/overlap_seconds"] = max(sampled - sampled_before - waited, 0.0)
                 sampled_before = sampled
-                metrics.update(rt.resource_metrics(timer, start))
+                metrics.update(rt.resource_metrics(timer, start, trained))
                 logger.log(metrics, step)
                 checkpointing.after_step(rt.policy, cfg, step, cfg.grpo.num_steps)
         finally:

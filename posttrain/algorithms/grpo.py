@@ -1,4 +1,5 @@
-"""GRPO: Group Relative Policy Optimization (Shao et al., 2024, DeepSeekMath, arXiv:2402.03300).
+"""GRPO: Group Relative Policy Optimization (Shao et al., 2024, DeepSeekMath, arXiv:2402.03300),
+the synchronous loop.
 
 Each step samples ``completions_per_prompt`` (G) completions for each of
 ``num_prompts_per_step`` (P) prompts, rewards them with the math verifier, turns rewards
@@ -7,236 +8,32 @@ penalty towards the frozen reference policy. :func:`train` reads top to bottom:
 
     generate -> reward -> advantages -> logprobs -> train -> refit -> validate -> log
 
-Notation: N = P * G rollouts per step, B rows kept for training, L completion window.
+The step's pieces live in :mod:`.grpo_step` (the asynchronous loop shares them), the schema in
+:mod:`.grpo_config`; ``GRPOMasterConfig`` is re-exported here, the entry point's config.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
 
-import torch
-from pydantic import ConfigDict, Field
-
-from posttrain.algorithms import checkpointing
-from posttrain.algorithms.advantages import compute_group_advantages, nonzero_variance_mask
-from posttrain.algorithms.evaluation import greedy_accuracy, is_validation_step
+from posttrain.algorithms import async_grpo, checkpointing
+from posttrain.algorithms.evaluation import is_validation_step
+from posttrain.algorithms.grpo_config import GRPOMasterConfig
+from posttrain.algorithms.grpo_step import check_on_policy, generate_rollouts, learn, score_rollouts, validate
 from posttrain.algorithms.loss_functions import ClippedPGLoss
-from posttrain.algorithms.runtime import Runtime, open_run, refit
-from posttrain.config import RunConfig, Section
-from posttrain.data.batch import TokenBatch, make_batch
-from posttrain.data.chat import ChatEncoder
+from posttrain.algorithms.runtime import open_run, refit
 from posttrain.data.datasets import load_problems
 from posttrain.data.sampler import EpochSampler
-from posttrain.data.types import MathProblem
-from posttrain.environments.math_verifier import math_reward
-from posttrain.errors import StaleWeightsError
-from posttrain.models.generation.interfaces import Generation, SamplingParams
-from posttrain.ops import masked_mean
 from posttrain.utils.timer import Timer
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
-
-
-class AsyncGRPOConfig(Section):
-    """Asynchronous GRPO (``grpo.async``, see :mod:`posttrain.algorithms.async_grpo`): a
-    producer actor samples the next steps' rollouts while the trainer trains."""
-
-    enabled: bool = Field(False, description="run the asynchronous loop: a producer actor samples the next steps "
-                          "while the trainer trains")
-    max_staleness: int = Field(
-        1, ge=0, description="k: the producer runs at most k steps ahead and samples drawn by weights more than k "
-        "versions behind the trainer are dropped; 0 reproduces on-policy GRPO")
-    buffer_size: int | None = Field(
-        None, ge=1, description="samples the rollout buffer holds (None: (k + 1) * P * G, the least that never "
-        "stalls the producer)")
-    importance_weight_cap: float | None = Field(
-        None, gt=0, description="None: the PPO ratio is taken against the behaviour (engine) logprobs; C: against "
-        "the trainer's logprobs, times the truncated weight min(pi_trainer / pi_behaviour, C)")
-    claim_timeout_s: float = Field(600.0, gt=0, description="seconds the trainer waits for a step's rollouts")
-
-
-class GRPOConfig(Section):
-    """The algorithm's own knobs."""
-
-    # The file spells ``async`` (only that: the attribute name ``async_`` is no config key).
-    model_config = ConfigDict(extra="forbid", strict=True, serialize_by_alias=True)
-
-    num_steps: int = Field(200, ge=1)
-    num_prompts_per_step: int = Field(16, ge=1)
-    completions_per_prompt: int = Field(8, ge=2, description="G, the group size")
-    advantage_estimator: Literal["grpo", "dr_grpo"] = "grpo"
-    drop_zero_variance_groups: bool = True
-    clip_eps: float = Field(0.2, gt=0)
-    kl_coef: float = Field(0.0, ge=0)
-    val_period: int = Field(50, ge=0, description="steps between validations; 0: only first and last")
-    seed: int = 0
-    # ``async`` is a Python keyword: the attribute is ``async_``, the config key ``grpo.async``.
-    async_: AsyncGRPOConfig = Field(AsyncGRPOConfig(), alias="async")
-
-
-class GRPOMasterConfig(RunConfig):
-    """Top-level schema of ``examples/configs/grpo_*.yaml``."""
-
-    grpo: GRPOConfig = GRPOConfig()
-
-
-@dataclass
-class Rollouts:
-    """N = P * G sampled completions; the G completions of a prompt are contiguous."""
-
-    problems: list[MathProblem]
-    prompt_ids: list[list[int]]
-    completion_ids: list[list[int]]
-    generation_logprobs: list[list[float]]
-    rewards: torch.Tensor  # [N] float32
-    weight_version: int  # of the weights the engine sampled with
-
-
-def generate_rollouts(engine: Generation, chat: ChatEncoder, problems: list[MathProblem], cfg: GRPOMasterConfig,
-                      step: int) -> Rollouts:
-    """Sample G completions per problem with ``engine``'s current weights; the sampling seed
-    is a function of ``(grpo.seed, step)``, so step ``step``'s samples do not depend on who
-    asks for them (the synchronous loop or the asynchronous producer) or when."""
-    g = cfg.grpo.completions_per_prompt
-    repeated = [p for p in problems for _ in range(g)]
-    prompt_ids = [list(chat.prompt(p.question)) for p in repeated]
-    gen = cfg.generation
-    params = SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
-                            top_k=gen.top_k, seed=cfg.grpo.seed * 100_003 + step)
-    out = engine.generate(prompt_ids, params)
-    return Rollouts(repeated, prompt_ids, out.completion_ids, out.logprobs, torch.zeros(len(repeated)),
-                    out.weight_version)
-
-
-def check_on_policy(rollouts: Rollouts, trainer_version: int, step: int) -> None:
-    """The rollouts must come from the weights being trained (this loop is on-policy).
-
-    Raises:
-        StaleWeightsError: the engine reports another weight version than the trainer's: its
-            samples would be trained on as if the current policy had drawn them.
-    """
-    if rollouts.weight_version != trainer_version:
-        raise StaleWeightsError(f"step {step}: rollouts were sampled with weight version {rollouts.weight_version}, "
-                                f"the trainer is at {trainer_version} (stale engine: off-policy samples)")
-
-
-def score_rollouts(tokenizer: PreTrainedTokenizerBase, rollouts: Rollouts) -> None:
-    """Fill ``rollouts.rewards`` with the verifier's 1.0 / 0.0 per completion."""
-    texts = tokenizer.batch_decode(rollouts.completion_ids, skip_special_tokens=True)
-    rollouts.rewards = torch.tensor([math_reward(t, p.answer) for t, p in zip(texts, rollouts.problems, strict=True)])
-
-
-def select_rows(rollouts: Rollouts, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages ``[N]``, bool keep ``[N]``): which rollouts carry a learning signal.
-
-    Groups with zero reward variance are dropped when configured; if that drops every
-    group the whole batch is kept (its advantages are all zero, only the KL term acts).
-    """
-    advantages = compute_group_advantages(rollouts.rewards, cfg.completions_per_prompt, cfg.advantage_estimator)
-    keep = torch.ones_like(rollouts.rewards, dtype=torch.bool)
-    if cfg.drop_zero_variance_groups:
-        varied = nonzero_variance_mask(rollouts.rewards, cfg.completions_per_prompt)
-        keep = varied if varied.any() else keep
-    return advantages, keep
-
-
-def to_train_batch(rollouts: Rollouts, keep: torch.Tensor, pad_id: int) -> tuple[TokenBatch, torch.Tensor]:
-    """The kept rollouts as a padded batch, and the engine's logprobs aligned to it ``[B, L]``."""
-    rows = keep.nonzero().squeeze(-1).tolist()
-    batch = make_batch([rollouts.prompt_ids[i] for i in rows], [rollouts.completion_ids[i] for i in rows], pad_id)
-    width = batch.completion_mask.shape[1]
-    lens = batch.completion_lens.tolist()
-    gen_logprobs = torch.tensor([[*rollouts.generation_logprobs[i][:n], *([0.0] * (width - n))]
-                                 for i, n in zip(rows, lens, strict=True)], dtype=torch.float32)
-    return batch, gen_logprobs
-
-
-def rollout_metrics(rollouts: Rollouts, cfg: GRPOConfig) -> dict[str, float]:
-    """Reward and sampling statistics of one step (before any row is dropped).
-
-    ``train/fraction_groups_kept`` is the fraction of prompt groups with non-zero reward
-    variance, the groups that carry a policy-gradient signal; it reads 0 when no group does
-    (even though the loop then trains on the whole batch, see :func:`select_rows`).
-    """
-    varied = nonzero_variance_mask(rollouts.rewards, cfg.completions_per_prompt)
-    lengths = torch.tensor([len(c) for c in rollouts.completion_ids], dtype=torch.float32)
-    reward = rollouts.rewards.float()
-    return {
-        "train/reward_mean": reward.mean().item(),
-        "train/accuracy": (reward == 1.0).float().mean().item(),
-        "train/completion_length": lengths.mean().item(),
-        "train/fraction_groups_kept": varied.view(-1, cfg.completions_per_prompt)[:, 0].float().mean().item(),
-    }
-
-
-def token_mult_prob_error(gen_logprobs: torch.Tensor, train_logprobs: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean over tokens of ``exp(|logp_engine - logp_trainer|)``; 1.0 means they agree exactly.
-
-    Both sides must score the same weights (the engine was refit from this trainer state).
-    A value well above 1 means generation and training disagree: a broken refit, a
-    temperature mismatch, or misaligned logprobs.
-    """
-    return masked_mean(torch.exp((gen_logprobs - train_logprobs).abs()), mask).item()
-
-
-def validate(rt: Runtime, val: list[MathProblem], cfg: GRPOMasterConfig) -> dict[str, float]:
-    return {"val/accuracy": greedy_accuracy(rt.engine, rt.chat, val, cfg.generation.max_new_tokens)}
-
-
-def learn(rt: Runtime, rollouts: Rollouts, cfg: GRPOMasterConfig, loss_fn: ClippedPGLoss, timer: Timer,
-          trainer_version: int, off_policy: bool = False) -> dict[str, float]:
-    """One policy update from scored rollouts: advantages, the kept rows, (when ``kl_coef``
-    > 0) reference logprobs, the train call; returns the step's ``train/*`` metrics.
-
-    The old logprobs (the trainer's, of the weights the update starts from) are scored by the
-    worker inside the train call (``PolicyWorkerBase.train``): from the train forward itself
-    when the call is one optimizer step, so an on-policy step scores its batch once.
-
-    Args:
-        trainer_version: the policy's weight version before this update.
-        off_policy: the rollouts may come from older weights (asynchronous GRPO): the PPO
-            ratio is taken against the engine's (behaviour) logprobs, or, with the loss's
-            ``importance_weight_cap``, against the trainer's old logprobs times the truncated
-            weight (see :class:`ClippedPGLoss`). ``train/token_mult_prob_error`` is reported
-            only when every row was sampled by the trainer's current weights (otherwise the
-            two sides score different weights and the number means nothing).
-    """
-    with timer.time("reward"):
-        advantages, keep = select_rows(rollouts, cfg.grpo)
-        batch, gen_logprobs = to_train_batch(rollouts, keep, rt.tokenizer.pad_token_id)
-    extra = {"advantages": advantages[keep]}
-    if loss_fn.kl_coef > 0:
-        # The reference policy only enters the loss through the KL term: at kl_coef 0 it is
-        # not scored at all (and train/kl is not logged), as in TRL and verl.
-        with timer.time("logprobs"):
-            extra["ref_logprobs"] = rt.policy.get_logprobs(batch, reference=True)
-    if off_policy and loss_fn.importance_weight_cap is not None:
-        extra["behaviour_logprobs"] = gen_logprobs
-    elif off_policy:
-        extra["old_logprobs"] = gen_logprobs
-    with timer.time("train"):
-        train_metrics = rt.policy.train(batch, extra, loss_fn)
-    metrics = {f"train/{k}": v for k, v in train_metrics.items()}
-    metrics.update(rollout_metrics(rollouts, cfg.grpo))
-    if rollouts.weight_version == trainer_version:
-        old_logprobs = rt.policy.old_logprobs
-        if old_logprobs is None:
-            raise RuntimeError("the policy's train call reported no old logprobs (its loss reads them)")
-        metrics["train/token_mult_prob_error"] = token_mult_prob_error(gen_logprobs, old_logprobs,
-                                                                       batch.completion_mask)
-    return metrics
+__all__ = ["GRPOMasterConfig", "train"]
 
 
 def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
     """Run GRPO as configured; returns the logged metrics (also in ``<log_dir>/metrics.json``).
     With ``grpo.async.enabled`` the asynchronous loop runs instead (:mod:`.async_grpo`)."""
     if cfg.grpo.async_.enabled:
-        from posttrain.algorithms.async_grpo import train as train_async
-
-        return train_async(cfg)
+        return async_grpo.train(cfg)
     train_problems, val_problems = load_problems(cfg.data)
     loss_fn = ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef)
     sampler = EpochSampler(train_problems, cfg.grpo.num_prompts_per_step, cfg.grpo.seed)
@@ -254,13 +51,13 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
                 check_on_policy(rollouts, version, step)
             with timer.time("reward"):
                 score_rollouts(rt.tokenizer, rollouts)
-            metrics = learn(rt, rollouts, cfg, loss_fn, timer, version)
+            metrics, trained = learn(rt, rollouts, cfg, loss_fn, timer, version)
             with timer.time("refit"):  # + the weight-sync probe, which raises over its bound
                 metrics.update(refit(rt.policy, rt.engine, rt.probe))
             if is_validation_step(step, cfg.grpo.val_period, cfg.grpo.num_steps):
                 with timer.time("validation"):
                     metrics.update(validate(rt, val_problems, cfg))
-            metrics.update(rt.resource_metrics(timer, start))
+            metrics.update(rt.resource_metrics(timer, start, trained))
             logger.log(metrics, step)
             checkpointing.after_step(rt.policy, cfg, step, cfg.grpo.num_steps)
     return logger.metrics

@@ -25,6 +25,7 @@ from typing import Any
 
 import ray
 
+from posttrain.algorithms.grpo_step import generate_rollouts, score_rollouts
 from posttrain.data.sampler import EpochSampler
 from posttrain.data.types import MathProblem
 from posttrain.distributed.worker_group import get_unwrapped
@@ -37,7 +38,7 @@ def to_samples(rollouts: Any, batch_index: int, completions_per_prompt: int) -> 
     ``sample_id = (batch_index - 1) * N + row``, ``group_id = (batch_index - 1) * P + row // G``.
 
     Args:
-        rollouts: ``grpo.Rollouts`` of one step, scored.
+        rollouts: ``grpo_step.Rollouts`` of one step, scored.
     """
     n = len(rollouts.completion_ids)
     p = n // completions_per_prompt
@@ -91,8 +92,6 @@ class RolloutProducerImpl:
         return not self.paused and self.next_batch <= min(self.allowed, self.last_batch)
 
     def _run(self) -> None:
-        from posttrain.algorithms import grpo
-
         batch = self.next_batch
         try:
             while True:
@@ -102,8 +101,8 @@ class RolloutProducerImpl:
                         return
                     self.busy, batch = True, self.next_batch
                 start = time.perf_counter()
-                rollouts = grpo.generate_rollouts(self.engine, self.chat, self.sampler.batch(batch), self.cfg, batch)
-                grpo.score_rollouts(self.tokenizer, rollouts)
+                rollouts = generate_rollouts(self.engine, self.chat, self.sampler.batch(batch), self.cfg, batch)
+                score_rollouts(self.tokenizer, rollouts)
                 samples = to_samples(rollouts, batch, self.cfg.grpo.completions_per_prompt)
                 with self.cond:  # sampled and tagged: a refit may come now (pause need not wait for the put)
                     self.generation_seconds += time.perf_counter() - start

@@ -25,7 +25,7 @@ from posttrain.errors import ConfigError, StaleWeightsError
 from posttrain.models.generation.engine_group import EngineGroup
 from posttrain.models.generation.factory import create_generation, num_bundles, resolve_backend
 from posttrain.models.generation.interfaces import Generation
-from posttrain.models.policy.interfaces import PolicyInterface
+from posttrain.models.policy.interfaces import PolicyInterface, TrainResult
 from posttrain.models.policy.lm_policy import Policy, check_backend, num_policy_workers
 from posttrain.models.tiny import build_tiny_model
 from posttrain.utils.logger import MetricsLogger
@@ -58,13 +58,16 @@ class Runtime:
             raise ConfigError("this run started no generation engine (it was set up to validate by loss only)")
         return self.generation
 
-    def resource_metrics(self, timer: Timer, step_start: float) -> dict[str, float]:
+    def resource_metrics(self, timer: Timer, step_start: float, trained: TrainResult | None) -> dict[str, float]:
         """``timing/<phase>`` and ``timing/step`` (s, since ``step_start``, a ``perf_counter``
-        reading) and ``memory/<process>_peak_rss`` (GiB) of the driver and the policy worker."""
+        reading) and ``memory/<process>_peak_rss`` (GiB) of the driver and of the policy workers:
+        as the step's train call ``trained`` reported it, or asked for when the step trained
+        nothing (None: an asynchronous step whose samples were all stale)."""
         metrics = timer.pop()
         metrics["timing/step"] = time.perf_counter() - step_start
         metrics["memory/driver_peak_rss"] = peak_rss_gib()
-        metrics["memory/policy_peak_rss"] = self.policy.peak_memory_gib()
+        metrics["memory/policy_peak_rss"] = (trained.peak_memory_gib if trained is not None
+                                             else self.policy.peak_memory_gib())
         return metrics
 
     def shutdown(self) -> None:

@@ -101,11 +101,12 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
             with timer.time("data"):
                 batch = sft_batch(rt.chat, sampler.batch(step))
             with timer.time("train"):
-                metrics = {f"train/{k}": v for k, v in rt.policy.train(batch, {}, NLLLoss()).items()}
+                trained = rt.policy.train(batch, {}, NLLLoss())
+            metrics = {f"train/{k}": v for k, v in trained.metrics.items()}
             if is_validation_step(step, cfg.sft.val_period, cfg.sft.num_steps):
                 with timer.time("validation"):
                     metrics.update(validate(rt, val_batch, val_problems, cfg))
-            metrics.update(rt.resource_metrics(timer, start))
+            metrics.update(rt.resource_metrics(timer, start, trained))
             logger.log(metrics, step)
             checkpointing.after_step(rt.policy, cfg, step, cfg.sft.num_steps)
     return logger.metrics

@@ -2,7 +2,7 @@
 
 An untrained model never answers 2-digit addition right: every reward is 0, every group has
 zero variance, every advantage is 0 and the weights never move, so a test of a GRPO loop
-would see nothing happen. Patched over ``grpo.math_reward`` (where the driver scores
+would see nothing happen. Patched over ``grpo_step.math_reward`` (where the driver scores
 rollouts), this reward makes groups vary and the policy train from the first step.
 """
 

@@ -1,7 +1,7 @@
 """Asynchronous GRPO end to end with real Ray actors: producer -> buffer -> filter -> fan-out.
 
 The flow test drives the loop's own parts (``async_grpo.claim_step``, ``StalenessFilter``,
-``shard_for_data_parallel``, ``grpo.learn``, ``refit``) around a real producer actor that
+``shard_for_data_parallel``, ``grpo_step.learn``, ``refit``) around a real producer actor that
 samples with the real Hugging Face engine, for several steps; it records what each step
 saw and asserts in a separate phase afterwards (so an assertion cannot stop the pipeline
 half way and leave it looking consistent). Counts are compared as ``Counter`` of sample ids:
@@ -25,7 +25,7 @@ import ray
 import torch
 from same_run import assert_same_steps
 
-from posttrain.algorithms import async_grpo, grpo
+from posttrain.algorithms import async_grpo, grpo, grpo_step
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.rollout_producer import start_rollout_producer
 from posttrain.algorithms.runtime import refit
@@ -94,7 +94,7 @@ def test_claim_filter_fan_out_clear_with_a_real_producer(hf_runtime) -> None:
             shards = shard_for_data_parallel(kept, DP)
             fanned = [s for shard in shards for s in shard]
             if fanned:  # as the loop: a step whose samples were all dropped trains on nothing
-                grpo.learn(rt, async_grpo.to_rollouts(fanned), cfg, loss_fn, Timer(), version, off_policy=True)
+                grpo_step.learn(rt, async_grpo.to_rollouts(fanned), cfg, loss_fn, Timer(), version, off_policy=True)
             ray.get(buffer.clear.remote([s["sample_id"] for s in fanned], "consumed"))
             ray.get(buffer.clear.remote([s["sample_id"] for s in dropped], "dropped"))
             ray.get(producer.pause.remote())

@@ -18,7 +18,7 @@ from harness.policy_backends import BACKENDS, make_worker
 from learnable_reward import low_digit_reward
 from same_run import assert_same_steps
 
-from posttrain.algorithms import grpo, sft
+from posttrain.algorithms import grpo, grpo_step, sft
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.data.batch import make_batch
 from posttrain.errors import ConfigError
@@ -46,7 +46,7 @@ def tokenizer(tiny_model_path):
 def learnable(monkeypatch):
     """A reward the untrained model earns half the time: GRPO groups vary and every step trains
     (with the real reward nothing would, and a resume that lost the optimizer would pass)."""
-    monkeypatch.setattr(grpo, "math_reward", low_digit_reward)
+    monkeypatch.setattr(grpo_step, "math_reward", low_digit_reward)
 
 
 def run(in_process, algorithm, yaml: str, base: list[str], steps: int, log_dir: Path, ckpt_dir: Path,

@@ -28,7 +28,7 @@ from learnable_reward import low_digit_reward
 from pydantic import BaseModel
 from replay import ReplayTrainer, TrainerSpec, max_weight_gap
 
-from posttrain.algorithms import grpo, sft
+from posttrain.algorithms import grpo, grpo_step, sft
 from posttrain.config import leaf_fields, load_config
 from posttrain.errors import ConfigError, RefitProbeError
 from posttrain.models.generation import factory
@@ -84,7 +84,7 @@ def runner(tiny_model_path, tmp_path_factory):
     from transformers import AutoTokenizer
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(grpo, "math_reward", low_digit_reward)
+        mp.setattr(grpo_step, "math_reward", low_digit_reward)
         yield Runner(InProcess(mp), tiny_model_path, tmp_path_factory.mktemp("plumbing"),
                      AutoTokenizer.from_pretrained(tiny_model_path))
 

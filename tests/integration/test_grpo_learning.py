@@ -16,7 +16,7 @@ import pytest
 import torch
 from harness.policy_backends import BACKENDS, make_worker
 
-from posttrain.algorithms import grpo
+from posttrain.algorithms import grpo, grpo_step
 from posttrain.algorithms.advantages import compute_group_advantages
 from posttrain.algorithms.loss_functions import ClippedPGLoss, kl_k3
 from posttrain.data.batch import make_batch
@@ -56,7 +56,7 @@ def sequence_logprobs(policy: PolicyWorkerBase, batch, reference: bool = False) 
     return (policy.get_logprobs(batch, reference=reference) * batch.completion_mask).sum(-1)
 
 
-def grpo_step(policy: PolicyWorkerBase, batch, advantages: torch.Tensor, loss_fn: ClippedPGLoss,
+def train_call(policy: PolicyWorkerBase, batch, advantages: torch.Tensor, loss_fn: ClippedPGLoss,
               old_logprobs: torch.Tensor | None = None) -> dict[str, float]:
     """One GRPO train call as the loop makes it: reference logprobs first, then train, which
     scores the old logprobs itself (unless ``old_logprobs`` are given)."""
@@ -73,7 +73,7 @@ def test_high_reward_completion_gains_probability(backend, tiny_model_path, chat
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
     before = sequence_logprobs(policy, batch)
     for _ in range(3):
-        grpo_step(policy, batch, compute_group_advantages(rewards, group_size=4), ClippedPGLoss())
+        train_call(policy, batch, compute_group_advantages(rewards, group_size=4), ClippedPGLoss())
     change = sequence_logprobs(policy, batch) - before
     assert change[0] > 0.05, change
     assert (change[0] > change[1:]).all(), change
@@ -89,7 +89,7 @@ def test_advantage_sign_sets_the_direction(backend, tiny_model_path, chat, sign:
     policy = make_policy(backend, tiny_model_path, lr=1e-3)
     batch = group_batch(chat, ["46"])
     before = sequence_logprobs(policy, batch)
-    grpo_step(policy, batch, torch.tensor([sign]), ClippedPGLoss())
+    train_call(policy, batch, torch.tensor([sign]), ClippedPGLoss())
     change = (sequence_logprobs(policy, batch) - before).item()
     assert change * sign > 0.01, change
 
@@ -102,7 +102,7 @@ def test_first_update_reads_the_loss_and_ratio_at_one(backend, tiny_model_path, 
     batch = group_batch(chat, ["46", "4", "123", "7"])  # completions of 3, 2, 4 and 2 tokens: padding
     assert batch.completion_mask.sum() < batch.completion_mask.numel()
     advantages = torch.tensor([1.5, -0.5, 0.25, -1.25])
-    metrics = grpo_step(policy, batch, advantages, ClippedPGLoss())
+    metrics = train_call(policy, batch, advantages, ClippedPGLoss())
     assert metrics["probs_ratio_min"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["probs_ratio_max"] == pytest.approx(1.0, abs=1e-5)
     mask = batch.completion_mask
@@ -138,7 +138,7 @@ def test_learning_rate_sets_the_update_size(backend, tiny_model_path, chat) -> N
     for lr in (2e-5, 5e-3):
         policy = make_policy(backend, tiny_model_path, lr=lr, max_grad_norm=1e9)
         start = [p.detach().clone() for p in policy.model.parameters()]
-        grpo_step(policy, batch, torch.tensor([1.5, -0.5, -0.5, -0.5]), ClippedPGLoss())
+        train_call(policy, batch, torch.tensor([1.5, -0.5, -0.5, -0.5]), ClippedPGLoss())
         moved = max((p.detach() - s).abs().max().item() for p, s in zip(policy.model.parameters(), start,
                                                                           strict=True))
         assert 0.5 * lr < moved <= 1.01 * lr, (lr, moved)
@@ -150,7 +150,7 @@ def test_reference_policy_stays_frozen(backend, tiny_model_path, chat) -> None:
     batch = group_batch(chat)
     initial = policy.get_logprobs(batch)
     for _ in range(2):
-        grpo_step(policy, batch, torch.tensor([1.5, -0.5, -0.5, -0.5]), ClippedPGLoss())
+        train_call(policy, batch, torch.tensor([1.5, -0.5, -0.5, -0.5]), ClippedPGLoss())
     torch.testing.assert_close(policy.get_logprobs(batch, reference=True), initial)
     assert (policy.get_logprobs(batch) - initial).abs().max() > 1e-3
 
@@ -169,7 +169,7 @@ def test_larger_kl_coefficient_stays_closer_to_the_reference(backend, tiny_model
     for kl_coef in (0.0, 2.0):
         policy = make_policy(backend, tiny_model_path, lr=3e-3)
         for _ in range(8):
-            grpo_step(policy, batch, advantages, ClippedPGLoss(kl_coef=kl_coef))
+            train_call(policy, batch, advantages, ClippedPGLoss(kl_coef=kl_coef))
         kls[kl_coef] = policy_kl(policy, batch)
     assert kls[0.0] > 0.01, kls
     assert kls[2.0] < 0.7 * kls[0.0], kls
@@ -184,7 +184,7 @@ def test_tokens_outside_the_clip_range_get_no_update(backend, tiny_model_path, c
         policy = make_policy(backend, tiny_model_path, lr=1e-3)
         start = [p.detach().clone() for p in policy.model.parameters()]
         old = policy.get_logprobs(batch) - 0.5  # ratio exp(0.5) = 1.65 > 1.2 on every token
-        metrics = grpo_step(policy, batch, torch.tensor([1.0]), ClippedPGLoss(clip_eps=clip_eps), old_logprobs=old)
+        metrics = train_call(policy, batch, torch.tensor([1.0]), ClippedPGLoss(clip_eps=clip_eps), old_logprobs=old)
         ratios[clip_eps] = metrics
         moved = max((p.detach() - s).abs().max().item() for p, s in zip(policy.model.parameters(), start,
                                                                           strict=True))
@@ -206,7 +206,7 @@ def test_clipping_limits_the_update_over_several_steps(backend, tiny_model_path,
         policy = make_policy(backend, tiny_model_path, lr=3e-3)
         old = policy.get_logprobs(batch)
         for _ in range(8):
-            grpo_step(policy, batch, torch.tensor([1.0]), ClippedPGLoss(clip_eps=clip_eps), old_logprobs=old)
+            train_call(policy, batch, torch.tensor([1.0]), ClippedPGLoss(clip_eps=clip_eps), old_logprobs=old)
         final[clip_eps] = math.exp((sequence_logprobs(policy, batch) - (old * batch.completion_mask).sum()).item())
     assert final[1e6] > 2.0 * final[0.2], final
 
@@ -240,7 +240,7 @@ PROBLEMS = [MathProblem(f"{a}+{b}=", str(a + b), str(a + b)) for a, b in [(12, 3
 
 def test_rollouts_come_in_contiguous_groups_of_one_prompt(tokenizer, chat) -> None:
     cfg = grpo_cfg(3, 4)
-    rollouts = grpo.generate_rollouts(FakeEngine(tokenizer, lambda i: True), chat, PROBLEMS, cfg, step=1)
+    rollouts = grpo_step.generate_rollouts(FakeEngine(tokenizer, lambda i: True), chat, PROBLEMS, cfg, step=1)
     assert len(rollouts.problems) == len(rollouts.completion_ids) == len(rollouts.prompt_ids) == 3 * 4
     for g, problem in enumerate(PROBLEMS):
         assert rollouts.problems[4 * g: 4 * g + 4] == [problem] * 4
@@ -251,8 +251,8 @@ def test_each_reward_is_judged_against_its_own_problem(tokenizer, chat) -> None:
     right = lambda i: i % 3 != 1  # noqa: E731 - a pattern that crosses group boundaries
     cfg = grpo_cfg(3, 4)
     rt = fake_runtime(tokenizer, chat, right)
-    rollouts = grpo.generate_rollouts(rt.engine, rt.chat, PROBLEMS, cfg, step=1)
-    grpo.score_rollouts(rt.tokenizer, rollouts)
+    rollouts = grpo_step.generate_rollouts(rt.engine, rt.chat, PROBLEMS, cfg, step=1)
+    grpo_step.score_rollouts(rt.tokenizer, rollouts)
     assert rollouts.rewards.tolist() == [1.0 if right(i) else 0.0 for i in range(12)]
 
 
@@ -260,9 +260,9 @@ def test_group_advantages_are_isolated_per_prompt(tokenizer, chat) -> None:
     cfg = grpo_cfg(3, 4, drop_zero_variance_groups=True)
     right = lambda i: i in (0, 5, 6, 8, 9, 10, 11)  # noqa: E731 - groups: 1/4, 2/4 and 4/4 right
     rt = fake_runtime(tokenizer, chat, right)
-    rollouts = grpo.generate_rollouts(rt.engine, rt.chat, PROBLEMS, cfg, step=1)
-    grpo.score_rollouts(rt.tokenizer, rollouts)
-    advantages, keep = grpo.select_rows(rollouts, cfg.grpo)
+    rollouts = grpo_step.generate_rollouts(rt.engine, rt.chat, PROBLEMS, cfg, step=1)
+    grpo_step.score_rollouts(rt.tokenizer, rollouts)
+    advantages, keep = grpo_step.select_rows(rollouts, cfg.grpo)
     grouped = advantages.view(3, 4)
     torch.testing.assert_close(grouped.mean(1), torch.zeros(3), atol=1e-6, rtol=0)
     assert (grouped[:2].std(1) - 1).abs().max() < 1e-4  # unit std within each varied group
@@ -294,6 +294,6 @@ def test_dr_grpo_advantages_are_mean_centred_and_learn(backend, tiny_model_path,
     policy = make_policy(backend, tiny_model_path, lr=1e-3)
     batch = group_batch(chat, ["46", "46", "46", "4"])
     before = sequence_logprobs(policy, batch)
-    grpo_step(policy, batch, dr, ClippedPGLoss())
+    train_call(policy, batch, dr, ClippedPGLoss())
     change = sequence_logprobs(policy, batch) - before
     assert change[0] > 0 and change[3] < 0, change

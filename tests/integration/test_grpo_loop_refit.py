@@ -13,14 +13,14 @@ from __future__ import annotations
 import pytest
 from learnable_reward import low_digit_reward
 
-from posttrain.algorithms import grpo
+from posttrain.algorithms import grpo, grpo_step
 from posttrain.config import load_config
 
 
 @pytest.mark.parametrize("lora", [[], ["policy.lora.rank=8"]], ids=["full", "lora"])
 def test_engine_scores_like_the_trainer_on_every_step(ray_cluster, tiny_model_path, tmp_path, monkeypatch, capsys,
                                                       lora) -> None:
-    monkeypatch.setattr(grpo, "math_reward", low_digit_reward)
+    monkeypatch.setattr(grpo_step, "math_reward", low_digit_reward)
     cfg = load_config("examples/configs/grpo_arithmetic.yaml",
                       [f"model.path={tiny_model_path}", "generation.backend=hf", "cluster.cpus_per_worker=0.5",
                        "data.arithmetic.num_val=8", f"logger.log_dir={tmp_path / 'logs'}", "grpo.num_steps=4",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from learnable_reward import low_digit_reward
 
-from posttrain.algorithms import grpo
+from posttrain.algorithms import grpo, grpo_step
 from posttrain.utils.checkpoint import COMPLETE
 from posttrain.utils.interrupts import StopRequested, graceful_stop
 
@@ -40,7 +40,7 @@ def signal_during_train(signum: int, at_call: int, times: int = 1):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_mid_step_finishes_the_step_checkpoints_it_and_stops(in_process, tiny_model_path, tmp_path,
                                                                        monkeypatch, signum) -> None:
-    monkeypatch.setattr(grpo, "math_reward", low_digit_reward)
+    monkeypatch.setattr(grpo_step, "math_reward", low_digit_reward)
     overrides = [f"model.path={tiny_model_path}", *BASE, f"logger.log_dir={tmp_path / 'log'}",
                  f"checkpoint.dir={tmp_path / 'ckpt'}", "checkpoint.save_period=100"]
     with graceful_stop(), pytest.raises(StopRequested) as stop:

@@ -23,7 +23,7 @@ import torch
 from learnable_reward import low_digit_reward
 from replay import ReplayTrainer, TrainerSpec, assert_metrics_match, max_weight_gap, padded, token_logprobs
 
-from posttrain.algorithms import grpo, sft
+from posttrain.algorithms import grpo, grpo_step, sft
 from posttrain.environments.math_verifier import math_reward
 from posttrain.models.generation.interfaces import GenerationOutput
 
@@ -126,7 +126,7 @@ def run_grpo(model_path, log_dir, tokenizer, *overrides: str):
     with pytest.MonkeyPatch.context() as mp:
         from in_process import InProcess
 
-        mp.setattr(grpo, "math_reward", low_digit_reward)
+        mp.setattr(grpo_step, "math_reward", low_digit_reward)
         base = [f"model.path={model_path}", f"logger.log_dir={log_dir}",
                 "grpo.num_steps=3", "grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=4",
                 "generation.max_new_tokens=6", "data.arithmetic.num_val=9", "grpo.val_period=0",

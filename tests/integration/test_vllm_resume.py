@@ -21,7 +21,7 @@ import pytest
 from learnable_reward import low_digit_reward
 from same_run import assert_same_steps
 
-from posttrain.algorithms import grpo
+from posttrain.algorithms import grpo, grpo_step
 from posttrain.config import load_config
 
 pytestmark = pytest.mark.vllm
@@ -43,7 +43,7 @@ def run(model_path: str, steps: int, log_dir: Path, ckpt_dir: Path) -> dict:
 
 def test_a_resumed_vllm_run_samples_and_logs_what_the_uninterrupted_run_did(ray_cluster, tiny_model_path, tmp_path,
                                                                             monkeypatch) -> None:
-    monkeypatch.setattr(grpo, "math_reward", low_digit_reward)  # every step has a signal to learn from
+    monkeypatch.setattr(grpo_step, "math_reward", low_digit_reward)  # every step has a signal to learn from
     whole = run(tiny_model_path, 4, tmp_path / "whole", tmp_path / "whole_ckpt")
     run(tiny_model_path, 2, tmp_path / "log", tmp_path / "ckpt")
     resumed = run(tiny_model_path, 4, tmp_path / "log", tmp_path / "ckpt")

@@ -52,7 +52,7 @@ class TestRuntimeOnOneGpu:
     """Policy and generation workers sharing one GPU."""
 
     def test_one_training_step_completes(self, runtime) -> None:
-        metrics = runtime.policy.train(memorize_batch(runtime), {}, NLLLoss())
+        metrics = runtime.policy.train(memorize_batch(runtime), {}, NLLLoss()).metrics
         assert metrics["num_optimizer_steps"] == 1
         assert metrics["skipped_optimizer_steps"] == 0
         assert math.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
@@ -61,7 +61,7 @@ class TestRuntimeOnOneGpu:
 
     def test_loss_falls_over_a_few_steps(self, runtime) -> None:
         batch = memorize_batch(runtime)
-        losses = [runtime.policy.train(batch, {}, NLLLoss())["loss"] for _ in range(10)]
+        losses = [runtime.policy.train(batch, {}, NLLLoss()).metrics["loss"] for _ in range(10)]
         print("loss over 10 steps:", [round(v, 3) for v in losses])
         assert all(math.isfinite(v) for v in losses)
         assert losses[-1] < 0.5 * losses[0], losses
@@ -73,7 +73,7 @@ class TestRuntimeOnOneGpu:
         before = greedy(rt, prompts)
         batch = memorize_batch(rt)
         for _ in range(60):
-            if rt.policy.train(batch, {}, NLLLoss())["loss"] < 0.05:
+            if rt.policy.train(batch, {}, NLLLoss()).metrics["loss"] < 0.05:
                 break
         assert greedy(rt, prompts).completion_ids == before.completion_ids  # not refit yet: stale engine
         refit(rt.policy, rt.generation)

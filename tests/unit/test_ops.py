@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from harness.sampling_oracle import kept_by_hand
 
 from posttrain.ops import (
     completion_logits,
@@ -303,24 +304,6 @@ def test_logprobs_and_entropy_from_one_pass_equal_the_hand_computations() -> Non
 # --- the sampling distribution: temperature, top-k, top-p (issue 31, class 2) ---------------------
 
 
-def _kept_by_hand(scaled: torch.Tensor, top_k: int, top_p: float) -> list[int]:
-    """The tokens a top-k-then-top-p sampler keeps at one position, walked in descending order
-    (independent of ``ops.sampling_mask``'s ascending cumulative sum): top-k keeps the k largest
-    and any tie with the k-th; top-p then keeps a token while the renormalised mass of the more
-    likely tokens kept before it is still below p (the token that reaches p is kept)."""
-    order = sorted(range(len(scaled)), key=lambda v: -float(scaled[v]))
-    if top_k:
-        kth = float(scaled[order[min(top_k, len(order)) - 1]])
-        order = [v for v in order if float(scaled[v]) >= kth]
-    probs = torch.softmax(scaled[order].double(), -1)
-    kept, mass = [], 0.0
-    for v, prob in zip(order, probs.tolist(), strict=True):
-        if mass < top_p:
-            kept.append(v)
-        mass += prob
-    return kept
-
-
 def _truncated_logprobs_by_hand(logits, input_ids, prompt_lens, completion_len, temperature, top_k, top_p):
     """``log(p_t / sum of p over the kept tokens)`` at ``logits / T``, in float64; NaN past a row."""
     batch, seq, _ = logits.shape
@@ -332,7 +315,7 @@ def _truncated_logprobs_by_hand(logits, input_ids, prompt_lens, completion_len, 
             if p + j >= seq:
                 continue
             scaled = logits[b, p + j - 1].double() / temperature
-            kept = _kept_by_hand(scaled, top_k, top_p)
+            kept = kept_by_hand(scaled, top_k, top_p)
             logp = torch.log_softmax(scaled[kept], -1)
             token = int(input_ids[b, p + j])
             if token in kept:
@@ -358,7 +341,7 @@ def test_logprobs_of_the_sampling_distribution_equal_the_hand_computation(temper
         for j in range(5):
             pos = int(prompt_lens[b]) + j
             scaled = logits[b, pos - 1] / temperature
-            kept = _kept_by_hand(scaled, top_k, top_p)
+            kept = kept_by_hand(scaled, top_k, top_p)
             input_ids[b, pos] = kept[int(torch.multinomial(torch.softmax(scaled[kept], -1), 1, generator=gen))]
     expected, entropy = _truncated_logprobs_by_hand(logits, input_ids, prompt_lens, 5, temperature, top_k, top_p)
     got = compute_logprobs(logits, input_ids, prompt_lens, 5, temperature, top_k, top_p)

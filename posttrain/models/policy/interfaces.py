@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -10,6 +11,26 @@ from posttrain.data.batch import TokenBatch
 from posttrain.models.generation.interfaces import ProbeRequest, RefitReceipt
 
 Metrics = dict[str, float]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What one :meth:`PolicyInterface.train` call reports, all of it at once.
+
+    Attributes:
+        metrics: averaged over the call's optimizer steps (``PolicyWorkerBase.train``).
+        weight_version: the policy's weight version after the call (completed optimizer
+            steps, skipped ones included).
+        peak_memory_gib: peak resident memory of the policy worker processes, GiB (the largest).
+        old_logprobs: ``[B, L]`` float32 logprobs of the batch under the weights the call
+            started from, scored by the worker in the call (rank 0's); None when the loss
+            reads none.
+    """
+
+    metrics: Metrics
+    weight_version: int
+    peak_memory_gib: float
+    old_logprobs: torch.Tensor | None
 
 
 class LossFn(Protocol):
@@ -38,14 +59,9 @@ class PolicyInterface(Protocol):
         temperature only)."""
         ...
 
-    def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
-        """One training step over ``batch`` (one or more optimizer steps); returns metrics."""
-        ...
-
-    @property
-    def old_logprobs(self) -> torch.Tensor | None:
-        """``[B, L]`` float32 logprobs of the last ``train`` call's batch under the weights it
-        started from, scored by the worker in that call (None: its loss reads none)."""
+    def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> TrainResult:
+        """One training step over ``batch`` (one or more optimizer steps): its metrics, the new
+        weight version, peak memory and the old logprobs, in one :class:`TrainResult`."""
         ...
 
     def get_weights(self) -> dict[str, torch.Tensor]:

@@ -21,7 +21,7 @@ from posttrain.distributed.worker_group import RayWorkerGroup
 from posttrain.errors import ConfigError
 from posttrain.models.generation.interfaces import ProbeRequest, RefitReceipt
 from posttrain.models.policy.hf_policy_worker import HfPolicyWorker
-from posttrain.models.policy.interfaces import LossFn, Metrics
+from posttrain.models.policy.interfaces import LossFn, TrainResult
 from posttrain.models.policy.lora import check_adapter
 from posttrain.models.weight_broadcast import BROADCAST_TIMEOUT_S
 
@@ -106,10 +106,8 @@ class Policy:
         self.model_path = model_path
         self.backend = cfg.backend
         self.lora_cfg = cfg.lora
-        # What the workers reported with their last train step (None: ask them).
+        # The version the workers reported with their last train step (None: ask them).
         self._version: int | None = None
-        self._peak_gib: float | None = None
-        self._old_logprobs: torch.Tensor | None = None
         self._gpus: dict[int, tuple[str | None, list[str | None]]] = {}  # id(generation) -> (our GPU, theirs)
         self._broadcast_to: int | None = None  # id of the engine group the broadcast group was set up with
         self.last_broadcast: tuple[int, int] | None = None  # (buckets, bytes) of the last broadcast refit
@@ -128,21 +126,14 @@ class Policy:
         ``PolicyWorkerBase.get_logprobs``."""
         return self.group.run_all("get_logprobs", batch, reference=reference, whole_vocab=whole_vocab)[0]
 
-    def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
-        """One training step; see ``PolicyWorkerBase.train``. The weight version, peak memory
-        and old logprobs the workers report with it answer :attr:`weight_version`,
-        :meth:`peak_memory_gib` and :attr:`old_logprobs` until the next step, without asking again."""
+    def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> TrainResult:
+        """One training step (see ``PolicyWorkerBase.train``): rank 0's metrics, weight version
+        and old logprobs, and the largest peak memory of the workers, in one :class:`TrainResult`.
+        :attr:`weight_version` answers the new version afterwards without asking again."""
         results = self.group.run_all("train_step", batch, extra, loss_fn)
-        metrics, self._version, _, self._old_logprobs = results[0]
-        self._peak_gib = max(peak for _, _, peak, _ in results)
-        return metrics
-
-    @property
-    def old_logprobs(self) -> torch.Tensor | None:
-        """``[B, L]`` float32 logprobs of the last :meth:`train` batch under the weights that
-        step started from (rank 0's; the worker scored them in the train call, see
-        ``PolicyWorkerBase.train``), or None before any train call or when its loss reads none."""
-        return self._old_logprobs
+        metrics, version, _, old_logprobs = results[0]
+        self._version = version
+        return TrainResult(metrics, version, max(peak for _, _, peak, _ in results), old_logprobs)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Current weights (Hugging Face names, CPU tensors in the engine's dtype), fetched to
@@ -236,10 +227,8 @@ class Policy:
         return self.group.run_all("parameter_counts")[0]
 
     def peak_memory_gib(self) -> float:
-        """Peak resident memory of the policy worker processes, GiB (the largest): as reported
-        with the last train step, else asked for now."""
-        if self._peak_gib is not None:
-            return self._peak_gib
+        """Peak resident memory of the policy worker processes, GiB (the largest), asked for now
+        (a train call reports it too: ``TrainResult.peak_memory_gib``)."""
         return max(self.group.run_all("peak_memory_gib"))
 
     def shutdown(self) -> None:

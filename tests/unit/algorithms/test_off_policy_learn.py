@@ -1,4 +1,4 @@
-"""``grpo.learn`` with off-policy rollouts: which logprobs the PPO ratio is taken against.
+"""``grpo_step.learn`` with off-policy rollouts: which logprobs the PPO ratio is taken against.
 
 Asynchronous GRPO trains on samples drawn by older weights. The ratio must then use the
 behaviour (engine) logprobs of the weights that drew them, or the trainer's old logprobs
@@ -10,14 +10,16 @@ test_loss_functions.py, the whole path with real actors in tests/integration/tes
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from posttrain.algorithms import grpo
+from posttrain.algorithms import grpo, grpo_step
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.data.types import MathProblem
+from posttrain.models.policy.interfaces import TrainResult
 from posttrain.utils.timer import Timer
 
 TRAINER_LOGPROB = -0.5
@@ -30,25 +32,23 @@ class RecordingPolicy:
     def __init__(self) -> None:
         self.extra: dict[str, torch.Tensor] = {}
         self.asked: list[bool] = []  # the ``reference`` argument of each get_logprobs call
-        self.old_logprobs: torch.Tensor | None = None
 
     def get_logprobs(self, batch, reference: bool = False) -> torch.Tensor:
         self.asked.append(reference)
         return torch.full(batch.completion_mask.shape, -0.7 if reference else TRAINER_LOGPROB)
 
-    def train(self, batch, extra, loss_fn):
+    def train(self, batch, extra, loss_fn) -> TrainResult:
         self.extra = extra
-        self.old_logprobs = torch.full(batch.completion_mask.shape, TRAINER_LOGPROB)
-        return {"loss": 0.0}
+        return TrainResult({"loss": 0.0}, 1, 0.5, torch.full(batch.completion_mask.shape, TRAINER_LOGPROB))
 
 
-def rollouts(version: int) -> grpo.Rollouts:
+def rollouts(version: int) -> grpo_step.Rollouts:
     """2 groups of 2, rewards varied in each; completion i has logprobs -(i + 1) / 10 per token."""
     problem = MathProblem("1+1=", "2", "2")
     completions = [[5, 6], [7], [5], [6, 7, 8]]
-    return grpo.Rollouts([problem] * 4, [[1, 2]] * 4, completions,
-                         [[-(i + 1) / 10] * len(c) for i, c in enumerate(completions)],
-                         torch.tensor([1.0, 0.0, 0.0, 1.0]), version)
+    return grpo_step.Rollouts([problem] * 4, [[1, 2]] * 4, completions,
+                              [[-(i + 1) / 10] * len(c) for i, c in enumerate(completions)],
+                              torch.tensor([1.0, 0.0, 0.0, 1.0]), version)
 
 
 def learn(loss_fn: ClippedPGLoss, off_policy: bool, version: int = 3, trainer_version: int = 4,
@@ -56,7 +56,7 @@ def learn(loss_fn: ClippedPGLoss, off_policy: bool, version: int = 3, trainer_ve
     policy = policy or RecordingPolicy()
     rt = SimpleNamespace(policy=policy, tokenizer=SimpleNamespace(pad_token_id=0))
     cfg = grpo.GRPOMasterConfig.model_validate({"grpo": {"num_prompts_per_step": 2, "completions_per_prompt": 2}})
-    metrics = grpo.learn(rt, rollouts(version), cfg, loss_fn, Timer(), trainer_version, off_policy=off_policy)
+    metrics, _ = grpo_step.learn(rt, rollouts(version), cfg, loss_fn, Timer(), trainer_version, off_policy=off_policy)
     return policy.extra, metrics
 
 
@@ -115,10 +115,19 @@ def test_a_train_call_that_reports_no_old_logprobs_stops_the_step() -> None:
     (a worker that skipped scoring them) fails the step in one line, not a silently missing metric."""
 
     class Silent(RecordingPolicy):
-        def train(self, batch, extra, loss_fn):
-            super().train(batch, extra, loss_fn)
-            self.old_logprobs = None
-            return {"loss": 0.0}
+        def train(self, batch, extra, loss_fn) -> TrainResult:
+            return dataclasses.replace(super().train(batch, extra, loss_fn), old_logprobs=None)
 
     with pytest.raises(RuntimeError, match="reported no old logprobs"):
         learn(ClippedPGLoss(), off_policy=False, version=4, policy=Silent())
+
+
+def test_learn_times_its_work_in_phases_of_its_own_never_the_scoring_phase() -> None:
+    """The loops time the verifier's scoring as ``reward``; a learn call's work (the kept rows
+    and advantages, the reference logprobs, the train call) has phases of its own, so
+    ``timing/reward`` is the scoring alone: every phase is named once."""
+    timer = Timer()
+    rt = SimpleNamespace(policy=RecordingPolicy(), tokenizer=SimpleNamespace(pad_token_id=0))
+    cfg = grpo.GRPOMasterConfig.model_validate({"grpo": {"num_prompts_per_step": 2, "completions_per_prompt": 2}})
+    grpo_step.learn(rt, rollouts(4), cfg, ClippedPGLoss(kl_coef=0.1), timer, trainer_version=4)
+    assert set(timer.pop()) == {"timing/advantages", "timing/logprobs", "timing/train"}

@@ -21,7 +21,7 @@ def answer_batch(rt: Any, answer: str = "77") -> Any:
 
 def train_step(rt: Any, answer: str = "77") -> dict[str, float]:
     """One NLL step towards answering ``answer`` to "a+1=": the weights move measurably."""
-    return rt.policy.train(answer_batch(rt, answer), {}, NLLLoss())
+    return rt.policy.train(answer_batch(rt, answer), {}, NLLLoss()).metrics
 
 
 @contextlib.contextmanager

@@ -2,22 +2,12 @@
 prompt would alone, and its sampling logprobs are the teacher-forced scores of the same tokens."""
 
 import pytest
-import torch
 
-from posttrain.models.generation.hf_generation_worker import HfGenerationWorkerImpl
 from posttrain.models.generation.interfaces import SamplingParams
 
 # Lengths differ so that the short prompts are left-padded by up to 7 positions.
 PROMPTS = [[5, 9, 3], [4, 4, 8, 12, 6, 2], [7, 3, 11, 5, 9, 14, 6, 8, 10, 13]]
 GREEDY = SamplingParams(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, greedy=True, seed=0)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_path):
-    threads = torch.get_num_threads()
-    worker = HfGenerationWorkerImpl(tiny_model_path)
-    torch.set_num_threads(threads)  # the worker sets its own; keep the test process's
-    return worker
 
 
 def test_a_left_padded_batch_generates_what_each_prompt_generates_alone(engine):

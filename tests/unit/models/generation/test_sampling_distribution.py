@@ -14,10 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 from harness.policy_backends import make_worker
+from harness.sampling_oracle import kept_by_hand
 
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.data.batch import make_batch
-from posttrain.models.generation.hf_generation_worker import HfGenerationWorkerImpl
 from posttrain.models.generation.interfaces import SamplingParams
 
 # (temperature, top_k, top_p): each alone, and together (top-p after the temperature, over the
@@ -33,32 +33,10 @@ SAMPLING = [
 TOLERANCE = 1e-5
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_path):
-    threads = torch.get_num_threads()
-    worker = HfGenerationWorkerImpl(tiny_model_path)
-    torch.set_num_threads(threads)  # the worker sets its own; keep the test process's
-    return worker
-
-
 def prompts(n: int = 24) -> list[list[int]]:
     g = torch.Generator().manual_seed(1)
     return [torch.randint(2, 17, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
             for _ in range(n)]
-
-
-def kept_by_hand(scaled: torch.Tensor, top_k: int, top_p: float) -> list[int]:
-    """The tokens a top-k-then-top-p sampler keeps, walked in descending order: the k largest
-    (ties with the k-th kept), then while the renormalised mass before a token is below p."""
-    order = sorted(range(len(scaled)), key=lambda v: -float(scaled[v]))
-    if top_k:
-        order = [v for v in order if float(scaled[v]) >= float(scaled[order[top_k - 1]])]
-    kept, mass = [], 0.0
-    for v, prob in zip(order, torch.softmax(scaled[order], -1).tolist(), strict=True):
-        if mass < top_p:
-            kept.append(v)
-        mass += prob
-    return kept
 
 
 def by_hand(model, prompt: list[int], completion: list[int], temperature: float, top_k: int,

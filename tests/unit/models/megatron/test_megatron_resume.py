@@ -23,7 +23,7 @@ from harness.policy_backends import worker_cfg
 from integration.learnable_reward import low_digit_reward
 from integration.same_run import assert_same_steps
 
-from posttrain.algorithms import grpo
+from posttrain.algorithms import grpo, grpo_step
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.config import load_config
 from posttrain.data.batch import make_batch
@@ -36,7 +36,7 @@ def _train_steps(policy, steps: int) -> list[dict[str, float]]:
     """``steps`` GRPO updates of ``policy`` on one fixed batch (two optimizer steps each)."""
     batch = make_batch([[2, 3, 4], [5, 6], [7, 8, 9, 10], [4, 4]], [[11, 12], [13], [14, 15, 16], [12, 3]], 0)
     advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
-    return [policy.train(batch, {"advantages": advantages}, ClippedPGLoss()) for _ in range(steps)]
+    return [policy.train(batch, {"advantages": advantages}, ClippedPGLoss()).metrics for _ in range(steps)]
 
 
 def _max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -83,7 +83,7 @@ def test_a_resumed_megatron_grpo_run_logs_what_the_uninterrupted_run_logged(ray_
     """The exact-resume test of the HF policy, on Megatron (real Ray: the in-process runs drive
     the hf backend only): the policy and the hf engine share the GPU, fp32 without TF32 on both,
     a reward the untrained model earns (every step trains) and kl_coef 0.1."""
-    monkeypatch.setattr(grpo, "math_reward", low_digit_reward)  # the sync loop scores in this process
+    monkeypatch.setattr(grpo_step, "math_reward", low_digit_reward)  # the sync loop scores in this process
     base = [f"model.path={tiny_model_path}", "policy.backend=megatron", "cluster.gpus_per_worker=0.5",
             "policy.precision=fp32", "policy.tf32=false", "generation.backend=hf", "grpo.num_prompts_per_step=4",
             "grpo.completions_per_prompt=4", "generation.max_new_tokens=3", "data.arithmetic.num_val=6",

@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.algorithms.async_grpo import staleness_metrics
-from posttrain.algorithms.grpo import Rollouts, rollout_metrics, token_mult_prob_error
+from posttrain.algorithms.grpo_step import Rollouts, rollout_metrics, token_mult_prob_error
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.refit_probe import probe_errors
 from posttrain.testing.rules.checker import CheckOptions, RuleSpec, run_checks
