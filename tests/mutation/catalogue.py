@@ -662,6 +662,20 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/algorithms/grpo_step.py",
            (('with timer.time("advantages"):', 'with timer.time("reward"):'),),
            ("tests/unit/algorithms/test_off_policy_learn.py",), klass="metrics"),
+    Mutant("api_skips_vacuity_check", "the public check_rules never runs the vacuity check the CLI runs: a rule "
+           "true of every run passes when called from Python",
+           "posttrain/testing/rules/checker.py",
+           (("CheckOptions(expect_steps, vacuity_check, min_margin))",
+             "CheckOptions(expect_steps, False, min_margin))"),),
+           ("tests/unit/testing/rules/test_rule_checker.py::"
+            "test_the_public_api_judges_every_rule_as_the_check_metrics_command_does",), klass="rules"),
+    Mutant("api_is_truth_only", "posttrain.testing.rules.check_rules is the interpreter's truth alone (no vacuity, "
+           "completeness or margin policy), as before issue 32",
+           "posttrain/testing/rules/__init__.py",
+           (("from posttrain.testing.rules.checker import check_rules\n",
+             "from posttrain.testing.rules.interpreter import evaluate_rules as check_rules\n"),),
+           ("tests/unit/testing/rules/test_rule_checker.py::"
+            "test_the_public_api_judges_every_rule_as_the_check_metrics_command_does",), klass="rules"),
     # --- issue 31: class 9 (the same bug in another place: each copy of a behaviour pinned) ---
     Mutant("fused_entropy_untruncated", "the train step's entropy (the fused op) is of the whole tempered vocabulary, "
            "not of the top-k / top-p distribution that sampled (compute_entropy stays right)",

@@ -120,3 +120,25 @@ def run_checks(data: Mapping[str, Any], specs: list[RuleSpec], options: CheckOpt
         else:
             results.append(decide(metrics, spec, tree, evaluation, options, run_last))
     return results
+
+
+def check_rules(data: Mapping[str, Any], rules: list[str], *, expect_steps: int | None = None,
+                vacuity_check: bool = True, min_margin: float = 0.0) -> list[CheckResult]:
+    """Check ``rules`` against a run's metrics with the policy of the ``check-metrics`` command:
+    the same statuses (PASS, WARN, FAIL, VACUOUS) for the same rules and options, so a rule that
+    cannot fail is refused here as it is there (its ``passed`` is False).
+
+    Args:
+        data: metric -> step dict (``{"1": 0.5, ...}``), Series or number (``load_metrics``).
+        rules: rule texts (docs/testing.md, "Rules").
+        expect_steps: ``--expect-steps``: every metric a rule reads must reach this step.
+        vacuity_check: False is ``--no-vacuity-check``.
+        min_margin: ``--min-margin``, a fraction (0: no WARN).
+
+    Returns:
+        One CheckResult per rule, in order.
+
+    Raises:
+        RuleError: a rule does not compile; then no rule has been evaluated.
+    """
+    return run_checks(data, [RuleSpec(rule) for rule in rules], CheckOptions(expect_steps, vacuity_check, min_margin))

@@ -32,7 +32,7 @@ from posttrain.testing.rules.series import Series, as_series, is_number
 
 __all__ = [
     "HELPERS", "CheckResult", "Evaluation", "MetricsFileError", "RuleError", "RuleEvalError",
-    "check_rules", "compile_rule", "evaluate", "evaluate_rule", "format_value", "load_metrics",
+    "compile_rule", "evaluate", "evaluate_rule", "evaluate_rules", "format_value", "load_metrics",
     "load_tb_dir", "mean", "median", "metric_max", "metric_min", "ratio_above",
 ]  # fmt: skip
 
@@ -323,8 +323,9 @@ def evaluate_rule(data: Mapping[str, Any], rule: str, tree: ast.Expression | Non
     return result_of(rule, evaluate(data, tree))
 
 
-def check_rules(data: Mapping[str, Any], rules: list[str]) -> list[CheckResult]:
-    """Compile every rule first, then evaluate each to PASS or FAIL.
+def evaluate_rules(data: Mapping[str, Any], rules: list[str]) -> list[CheckResult]:
+    """Compile every rule first, then evaluate each to PASS or FAIL: the rules' truth alone, with
+    no vacuity or completeness policy (``posttrain.testing.rules.check_rules`` applies it).
 
     Raises:
         RuleError: a rule does not compile; then no rule has been evaluated.

@@ -16,9 +16,9 @@ from posttrain.testing.rules.interpreter import (
     MetricsFileError,
     RuleError,
     RuleEvalError,
-    check_rules,
     compile_rule,
     evaluate_rule,
+    evaluate_rules,
     load_metrics,
     mean,
     median,
@@ -197,12 +197,12 @@ class TestAConstantMetricDoesNotMove:
     @pytest.mark.parametrize(("value", "steps"), [(0.1, 3), (0.058, 20), (7.9, 304)])
     def test_std_of_a_constant_is_exactly_zero(self, value, steps):
         frozen = {str(s): value for s in range(1, steps + 1)}
-        assert not check_rules({"train/kl": frozen}, ['std(data["train/kl"]) > 0'])[0].passed
+        assert not evaluate_rules({"train/kl": frozen}, ['std(data["train/kl"]) > 0'])[0].passed
 
     def test_slope_of_a_constant_over_a_resumed_run_is_exactly_zero(self):
         # steps with gaps (a resumed run): the naive slope of this constant was -1.2e-35
         frozen = {str(s): 0.115 for s in (69, 132, 178, 267, 331, 334, 335, 419, 442)}
-        assert not check_rules({"train/loss": frozen}, ['slope(data["train/loss"]) < 0'])[0].passed
+        assert not evaluate_rules({"train/loss": frozen}, ['slope(data["train/loss"]) < 0'])[0].passed
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -293,7 +293,7 @@ class TestEvaluateRule:
         assert not result.passed and "2 ** 5000" in result.message
 
     def test_exception_in_one_rule_does_not_stop_the_others(self):
-        results = check_rules(DATA, ["1 / 0 > 1", 'mean(data["train/loss"], 50) > 0', "1 < 2"])
+        results = evaluate_rules(DATA, ["1 / 0 > 1", 'mean(data["train/loss"], 50) > 0', "1 < 2"])
         assert [r.passed for r in results] == [False, False, True]
         assert "division by zero" in results[0].message
         assert "no steps in" in results[1].message
@@ -349,7 +349,7 @@ class TestCompileRule:
         calls = []
         monkeypatch.setattr(metric_rules, "evaluate_rule", lambda *a: calls.append(a))
         with pytest.raises(RuleError):
-            check_rules(DATA, ["1 < 2", "open('f')"])
+            evaluate_rules(DATA, ["1 < 2", "open('f')"])
         assert calls == []
 
 

@@ -120,7 +120,7 @@ def test_cli_output_file_feeds_check_metrics(tmp_path):
     assert proc.returncode == 0, proc.stderr
     data = metric_rules.load_metrics(out)
     assert data["train/loss"]["4"] == 0.25
-    results = metric_rules.check_rules(data, ['mean(data["train/loss"], -2) < mean(data["train/loss"], 1, 3)'])
+    results = metric_rules.evaluate_rules(data, ['mean(data["train/loss"], -2) < mean(data["train/loss"], 1, 3)'])
     assert results[0].passed
 
 

@@ -105,7 +105,7 @@ def test_normalize_turns_step_dicts_into_series_once():
 
 
 def test_evaluate_rule_judges_the_compiled_tree_it_is_given_and_reports_the_rules_text():
-    # check_rules compiles every rule first, then hands each tree over with the text it came from
+    # evaluate_rules compiles every rule first, then hands each tree over with the text it came from
     result = metric_rules.evaluate_rule(DATA, "my label", metric_rules.compile_rule('data["eval/score"] > 0.5'))
     assert (result.rule, result.status, result.value) == ("my label", "PASS", 0.7)
 
@@ -116,14 +116,14 @@ def test_arithmetic_on_a_value_that_is_not_a_number_fails_naming_it(rule):
     assert (result.status, result.message) == ("FAIL", "TypeError: `'a'` is 'a' (str), not a number")
 
 
-def test_check_rules_judges_each_rule_in_order_after_compiling_them_all(monkeypatch):
-    results = metric_rules.check_rules(DATA, ["1 < 2", 'max(data["train/loss"]) < 1'])
+def test_evaluate_rules_judges_each_rule_in_order_after_compiling_them_all(monkeypatch):
+    results = metric_rules.evaluate_rules(DATA, ["1 < 2", 'max(data["train/loss"]) < 1'])
     assert [(r.rule, r.status) for r in results] == [("1 < 2", "PASS"), ('max(data["train/loss"]) < 1', "FAIL")]
     assert results[1].message == "1.9 < 1 is False"
     calls = []
     monkeypatch.setattr(metric_rules, "evaluate", lambda *a: calls.append(a))
     with pytest.raises(RuleError, match="attribute access"):
-        metric_rules.check_rules(DATA, ["1 < 2", "data.keys()"])
+        metric_rules.evaluate_rules(DATA, ["1 < 2", "data.keys()"])
     assert calls == []
 
 
@@ -211,3 +211,35 @@ def test_a_rule_that_failed_before_its_comparison_has_no_value_and_was_not_judge
         False, None, "metric 'zz' not found in the metrics file (did you mean 'z'?)", (), {"zz": frozenset()}, False
     )
     assert metric_rules.evaluate_rule(LOOKUP_RUN, 'data["zz"] > 0').value is None
+
+
+# The public API (posttrain.testing.rules.check_rules) and the check-metrics command judge alike.
+API_RUN = {"train/loss": {str(s): 1.0 / s for s in range(1, 11)}, "train/kl": {str(s): 0.01 * s for s in range(1, 9)}}
+API_RULES = [
+    'std(data["train/loss"]) >= 0',  # true of every run: VACUOUS
+    'max(data["train/loss"]) >= min(data["train/loss"])',  # also
+    'mean(data["train/loss"], -3) < 0.2',  # a real check that passes
+    'slope(data["train/loss"]) > 0',  # one that fails
+    'max(data["train/kl"]) < 0.5',  # passes, but kl stops at step 8
+]
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-vacuity-check"], ["--expect-steps", "10"], ["--min-margin", "0.9"]],
+                         ids=["defaults", "no_vacuity_check", "expect_steps", "min_margin"])
+def test_the_public_api_judges_every_rule_as_the_check_metrics_command_does(tmp_path, flags):
+    import json
+
+    from posttrain.testing import check_metrics
+    from posttrain.testing.rules import check_rules
+
+    metrics_file, report = tmp_path / "metrics.json", tmp_path / "report.json"
+    metrics_file.write_text(json.dumps(API_RUN))
+    check_metrics.main([str(metrics_file), *API_RULES, *flags, "--output-json", str(report)])
+    cli = [(row["status"], row["message"]) for row in json.loads(report.read_text())]
+    options = {"--no-vacuity-check": {"vacuity_check": False}, "--expect-steps": {"expect_steps": 10},
+               "--min-margin": {"min_margin": 0.9}}.get(flags[0], {}) if flags else {}
+    api = [(r.status, r.message) for r in check_rules(API_RUN, API_RULES, **options)]
+    assert api == cli
+    if not flags:  # the API refuses a rule that cannot fail, as the command does
+        assert [s for s, _ in api][:2] == ["VACUOUS", "VACUOUS"]
+        assert not any(r.passed for r in check_rules(API_RUN, API_RULES[:2]))
