@@ -175,9 +175,10 @@ def compute_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor, 
 
 
 def _entropy(logp: torch.Tensor) -> torch.Tensor:
-    """``-sum_v p_v log p_v`` over the last dimension of log-probabilities ``logp`` (a token
-    outside the top-k / top-p set, ``logp = -inf``, adds 0, not ``0 * -inf``)."""
-    return -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(-1)
+    """``-sum_v p_v log p_v`` over the last dimension of log-probabilities ``logp``;
+    ``torch.special.entr`` is 0 at p = 0, so a token outside the top-k / top-p set (``logp =
+    -inf``) adds 0, not ``0 * -inf``, with no extra ``[..., V]`` temporary for a clamp."""
+    return torch.special.entr(logp.exp()).sum(-1)
 
 
 def compute_entropy(logits: torch.Tensor, prompt_lens: torch.Tensor, completion_len: int,

@@ -29,7 +29,17 @@ SAMPLING = [
     pytest.param(1.0, 0, 0.6, id="top_p"),
     pytest.param(0.5, 6, 0.7, id="all"),
 ]
-# fp32, same weights; the engine decodes with a KV cache, the trainer in one pass: ~1e-7 apart.
+# fp32, same weights; the engine decodes with a KV cache, the trainer in one pass. Calibration
+# (`calibrate`, the largest of |engine - trainer| and |engine - hand| per seed, 10 seeds a sampling):
+#
+#   machine                           temperature   top_k     top_p     all       (max; median)
+#   AMD EPYC, 2 threads (Nov 26)      5.7e-07       4.2e-07   4.8e-07   8.6e-07   (max 8.6e-7; medians 3.2-5.5e-7)
+#
+# 1e-5 is 11x the largest gap, ~30 seed-to-seed spreads (max - median <= 3.2e-7). Not yet measured
+# on the GPU host's Xeon CPUs pinned to 2 threads (the device budget ran out); there the tests passed
+# inside the default tier (16 workers, 1 thread each). The engine runs on the CPU in this test, so
+# the GPU is not a machine type of it. Broken, the gap is 0.5-1.5 nats (`hf_engine_logprobs_untruncated`,
+# `trainer_ignores_top_k_top_p` caught).
 TOLERANCE = 1e-5
 
 
@@ -127,3 +137,34 @@ def test_a_train_call_divides_by_exactly_the_behaviour_logprobs_it_was_given(eng
     mask = batch.completion_mask[:2].bool()
     first_ratio = (loss.logprobs[0] - loss.old[0]).exp()  # the first micro-batch: weights not yet moved
     torch.testing.assert_close(first_ratio[mask], shift[:2].expand_as(mask).exp()[mask], rtol=0, atol=1e-4)
+
+
+def calibrate(model_path: str, seeds: int) -> None:
+    """Print, per sampling and seed, the largest engine-trainer and engine-hand gaps that
+    :data:`TOLERANCE` bounds (the table above it)."""
+    from posttrain.models.generation.hf_generation_worker import HfGenerationWorkerImpl
+
+    engine = HfGenerationWorkerImpl(model_path)
+    for param in SAMPLING:
+        temperature, top_k, top_p = param.values
+        trainer = make_worker("hf", model_path, temperature=temperature, top_k=top_k, top_p=top_p)
+        gaps = []
+        for seed in range(seeds):
+            ps = prompts()
+            out = engine.generate(ps, SamplingParams(max_new_tokens=5, temperature=temperature, top_k=top_k,
+                                                     top_p=top_p, seed=seed))
+            batch = make_batch(ps, out.completion_ids, pad_id=0)
+            mask = batch.completion_mask.bool()
+            to_trainer = (trainer.get_logprobs(batch) - aligned(batch, out.logprobs))[mask].abs().max().item()
+            to_hand = max(abs(a - b) for p, c, r in zip(ps, out.completion_ids, out.logprobs, strict=True)
+                          for a, b in zip(r, by_hand(engine.model, p, c, temperature, top_k, top_p)[0], strict=True))
+            gaps.append(max(to_trainer, to_hand))
+        print(f"{param.id:12s} seeds {seeds}: max gap {max(gaps):.2e}, median {sorted(gaps)[len(gaps) // 2]:.2e}")
+
+
+if __name__ == "__main__":  # PYTHONPATH=tests uv run --group test python <this file> [SEEDS]
+    import sys
+
+    from unit.prepare_unit_test_assets import tiny_model_path as prepared
+
+    calibrate(prepared(), int(sys.argv[1]) if len(sys.argv) > 1 else 10)
