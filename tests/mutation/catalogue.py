@@ -657,6 +657,13 @@ MUTANTS: tuple[Mutant, ...] = (
            (("    return parallel.available_cpus()", "    return None"),),
            ("tests/unit/testing/harness/test_harness_parallel.py::"
             "test_auto_starts_one_worker_per_cpu_of_the_affinity_mask_not_per_core_of_the_machine",), klass="harness"),
+    Mutant("xdist_worker_leaves_tokenizer_threads", "an xdist worker bounds torch's threads but not the fast "
+           "tokenizers' rayon pool: 16 workers on 16 cores each spin 16 threads and the tier runs 10x slower",
+           "posttrain/testing/harness/parallel.py",
+           (('THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")',
+             'THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")'),),
+           ("tests/unit/testing/harness/test_harness_parallel.py::"
+            "test_a_fast_tokenizer_in_a_worker_starts_only_its_share_of_threads",), klass="harness"),
     Mutant("learn_timed_as_reward", "learn times its advantages under the scoring's phase: timing/reward adds the "
            "two and says it is the verifier's",
            "posttrain/algorithms/grpo_step.py",

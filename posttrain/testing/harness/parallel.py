@@ -21,9 +21,9 @@ module's tests stay on one worker, and the scopes go out in collection order, wh
 worker makes heaviest module first (:func:`heaviest_modules_first`, by the durations
 ``--shard`` uses), so the longest modules do not start last.
 
-Threads: each worker's torch/OpenMP threads are its share of the CPUs (:func:`thread_share`),
-through ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` set before anything imports torch (a value
-of your own wins). Each worker's Ray cluster is the ``ray_cluster`` fixture's (tests/conftest.py).
+Threads: each worker's torch/OpenMP threads and its fast tokenizers' rayon threads are its share
+of the CPUs (:func:`thread_share`), through ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` /
+``RAYON_NUM_THREADS`` set before anything imports torch or tokenizers (a value of your own wins). Each worker's Ray cluster is the ``ray_cluster`` fixture's (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,11 @@ from posttrain.testing.harness.shards import module_of, weights_of
 
 Role = Literal["single", "controller", "worker"]
 WORKER_OUTPUT_KEY = "posttrain"  # config.workeroutput[WORKER_OUTPUT_KEY][plugin key] = what a plugin ships
-THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# torch's OpenMP/MKL pools, and the rayon pool of Hugging Face's fast (Rust) tokenizers: a batch encode
+# wakes one rayon thread per core of the machine, and they spin. On the 16-core GPU host, 16 workers
+# with 16 such threads each kept the load at 60-85 and the in-process loop modules ran 10-20x their
+# recorded time (-n auto did not finish in 560 s).
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
 # Ray starts its worker processes (every actor: policy, engines, producer) at nice 15, so that on a
 # node of its own they cannot starve the raylet. Under xdist the other workers' test processes run at
 # nice 0 and starve them instead: on 2 cores a Ray test that takes 16 s alone took minutes while an
@@ -81,7 +85,8 @@ def available_cpus() -> int:
 
 
 def limit_worker_threads(config: pytest.Config) -> int:
-    """Worker: set ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` (where unset) to this worker's share; returns it.
+    """Worker: set ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` / ``RAYON_NUM_THREADS`` (where unset) to this
+    worker's share; returns it. The worker's Ray actors inherit them.
     Also ``RAY_worker_niceness=0`` (where unset): this worker's Ray actors compete with the other
     workers' tests on equal terms (Ray's default nice 15 lets those starve them).
 

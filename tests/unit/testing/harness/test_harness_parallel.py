@@ -18,6 +18,7 @@ import pytest
 from posttrain.testing.harness.configurations import xdist_schedule_args
 from posttrain.testing.harness.parallel import (
     SLOW_TEST_S,
+    THREAD_ENV_VARS,
     available_cpus,
     heaviest_modules_first,
     thread_share,
@@ -79,7 +80,7 @@ def tree(pytester, monkeypatch):
     the heaviest by the durations file and has the fewest tests (xdist's own reordering would put it last)."""
     monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
     monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "0")
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # an outer xdist worker's would be inherited
+    for name in THREAD_ENV_VARS:  # an outer xdist worker's would be inherited
         monkeypatch.delenv(name, raising=False)
     body = ("import os\nimport pytest\n\n{mark}def test_{i}(tracker):\n"
             "    tracker.track('worker', os.environ['PYTEST_XDIST_WORKER'])\n"
@@ -130,6 +131,31 @@ def test_auto_starts_one_worker_per_cpu_of_the_affinity_mask_not_per_core_of_the
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "2")  # xdist's own override still wins
     result = tree.runpytest_subprocess("-p", "no:cacheprovider", "-n", "auto", "-k", "alpha", timeout=120)
     result.stdout.fnmatch_lines(["created: 2/2 workers"])
+
+
+def test_a_fast_tokenizer_in_a_worker_starts_only_its_share_of_threads(pytester, monkeypatch):
+    """A batch encode by Hugging Face's Rust tokenizers starts its rayon pool: one thread per core of the
+    machine unless bounded. In an xdist worker it must be the worker's share, like torch's threads."""
+    monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "0")
+    for name in THREAD_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    pytester.makepyfile(test_tok=(
+        "import os\n"
+        "from tokenizers import Tokenizer, models, pre_tokenizers\n\n"
+        "def test_encode(tracker):\n"
+        "    tok = Tokenizer(models.WordLevel({'a': 0, 'b': 1, '[UNK]': 2}, unk_token='[UNK]'))\n"
+        "    tok.pre_tokenizer = pre_tokenizers.Whitespace()\n"
+        "    before = len(os.listdir('/proc/self/task'))\n"
+        "    tok.encode_batch(['a b a b'] * 512)\n"
+        "    tracker.track('new_threads', len(os.listdir('/proc/self/task')) - before)\n"))
+    pytester.makeini("[pytest]\nposttrain_harness = true\n")
+    (pytester.path / "durations.json").write_text("{}")
+    monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
+    workers = 2
+    run(pytester, workers)
+    [got] = metrics(pytester).values()
+    share = thread_share(available_cpus(), workers)
+    assert 1 <= got["new_threads"] <= share, (got, share)
 
 
 def test_a_thread_count_of_your_own_wins(tree, monkeypatch):
