@@ -26,7 +26,6 @@ import ray
 import torch
 
 from posttrain.algorithms import grpo
-from posttrain.algorithms.runtime import refit
 from posttrain.config import ClusterConfig, GenerationConfig, PolicyConfig, PolicyWorkerConfig, load_config
 from posttrain.data.chat import ChatEncoder
 from posttrain.data.datasets import load_problems
@@ -36,6 +35,7 @@ from posttrain.models.generation.factory import create_generation, resolve_backe
 from posttrain.models.generation.interfaces import SamplingParams
 from posttrain.models.policy.lm_policy import Policy
 from posttrain.models.tiny import TinyModelConfig, build_tiny_model
+from posttrain.weight_sync.refit import refit
 
 REPO = Path(__file__).resolve().parents[1]
 GRPO_CONFIG = REPO / "examples" / "configs" / "grpo_arithmetic.yaml"

@@ -9,9 +9,9 @@ local Ray cluster; then refits alternate between three paths:
 - ``driver``: the weights come back to the driver (``Policy.get_weights``) and go out to
   the engine again (``update_weights(dict)``): what posttrain did before the weights were
   handed over by reference;
-- ``store``: ``runtime.refit`` with ``generation.refit_transport=object_store`` - the policy
+- ``store``: ``weight_sync.refit`` with ``generation.refit_transport=object_store`` - the policy
   worker puts the weights into the object store and the driver passes only the reference on;
-- ``direct``: ``runtime.refit`` as a run does it (``auto``): CUDA IPC when colocated, else a
+- ``direct``: ``weight_sync.refit`` as a run does it (``auto``): CUDA IPC when colocated, else a
   broadcast from the policy worker (NCCL between GPUs, gloo on CPUs).
 
 Both refit paths check the weight version and run the weight-sync probe (it must pass; the
@@ -36,19 +36,13 @@ from typing import Any, Literal
 import ray
 import torch
 
-from posttrain.algorithms.refit_probe import RefitProbe
-from posttrain.algorithms.runtime import refit
-from posttrain.config import (
-    GenerationWorkerConfig,
-    PolicyConfig,
-    PolicyWorkerConfig,
-    RefitProbeConfig,
-    engine_dtype,
-)
+from posttrain.config import GenerationWorkerConfig, PolicyConfig, PolicyWorkerConfig, RefitProbeConfig, engine_dtype
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
 from posttrain.models.generation.engine_group import EngineGroup
 from posttrain.models.generation.hf_generation_worker import HfGenerationWorker
 from posttrain.models.policy.lm_policy import Policy
+from posttrain.weight_sync.probe import RefitProbe
+from posttrain.weight_sync.refit import refit, refit_transport
 
 SHAPES = {
     "25m": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
@@ -112,7 +106,7 @@ def bench(path: Path, shape: str, placement: str, precision: str, refits: int) -
             seconds["direct"].append(time.perf_counter() - start)
         out: dict[str, Any] = {name: statistics.median(s[1:]) for name, s in seconds.items()}
         out["probe_error"], out["probe_bound"] = error, probe.bound or 0.0
-        out["transport"] = policy.refit_transport(engine)
+        out["transport"] = refit_transport(policy, engine)
         engine.shutdown()
         policy.shutdown()
         cluster.shutdown()

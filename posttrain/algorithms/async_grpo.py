@@ -37,7 +37,7 @@ from posttrain.algorithms.grpo_config import GRPOMasterConfig
 from posttrain.algorithms.grpo_step import Rollouts, learn, validate
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.rollout_producer import start_rollout_producer
-from posttrain.algorithms.runtime import open_run, refit
+from posttrain.algorithms.runtime import open_run
 from posttrain.data.datasets import load_problems
 from posttrain.data.types import MathProblem
 from posttrain.distributed.worker_group import get_unwrapped
@@ -47,6 +47,7 @@ from posttrain.rollouts.fan_out import shard_for_data_parallel
 from posttrain.rollouts.filters import StalenessFilter, staleness
 from posttrain.rollouts.samples import RolloutSample
 from posttrain.utils.timer import Timer
+from posttrain.weight_sync.refit import refit
 
 # The policies here have one data-parallel rank (HF: one worker; Megatron: tensor parallel
 # only); the fan-out is where more ranks would each take their shard.

@@ -21,10 +21,11 @@ from posttrain.algorithms.evaluation import is_validation_step
 from posttrain.algorithms.grpo_config import GRPOMasterConfig
 from posttrain.algorithms.grpo_step import check_on_policy, generate_rollouts, learn, score_rollouts, validate
 from posttrain.algorithms.loss_functions import ClippedPGLoss
-from posttrain.algorithms.runtime import open_run, refit
+from posttrain.algorithms.runtime import open_run
 from posttrain.data.datasets import load_problems
 from posttrain.data.sampler import EpochSampler
 from posttrain.utils.timer import Timer
+from posttrain.weight_sync.refit import refit
 
 __all__ = ["GRPOMasterConfig", "train"]
 

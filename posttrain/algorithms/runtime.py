@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.algorithms import checkpointing
-from posttrain.algorithms.refit_probe import RefitProbe
 from posttrain.config import (
     ClusterConfig,
     GenerationConfig,
@@ -21,16 +20,18 @@ from posttrain.config import (
 )
 from posttrain.data.chat import ChatEncoder
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
-from posttrain.errors import ConfigError, StaleWeightsError
+from posttrain.errors import ConfigError
 from posttrain.models.generation.engine_group import EngineGroup
 from posttrain.models.generation.factory import create_generation, num_bundles, resolve_backend
 from posttrain.models.generation.interfaces import Generation
-from posttrain.models.policy.interfaces import PolicyInterface, TrainResult
+from posttrain.models.policy.interfaces import TrainResult
 from posttrain.models.policy.lm_policy import Policy, check_backend, num_policy_workers
 from posttrain.models.tiny import build_tiny_model
 from posttrain.utils.logger import MetricsLogger
 from posttrain.utils.memory import peak_rss_gib
 from posttrain.utils.timer import Timer
+from posttrain.weight_sync.probe import RefitProbe
+from posttrain.weight_sync.refit import refit
 
 
 @dataclass
@@ -208,44 +209,3 @@ def open_run(cfg: RunConfig, seed: int, num_steps: int, name: str, with_generati
             logger.close()
     finally:
         rt.shutdown()
-
-
-def refit(policy: PolicyInterface, generation: Generation, probe: RefitProbe | None = None) -> dict[str, float]:
-    """Copy the policy's weights into the generation engine, check the versions agree, and
-    (with a ``probe``) check that the engine now scores like the trainer.
-
-    The weights never pass through the driver (``Policy.refit_transport`` picks the way):
-    when every engine holds the policy's GPU, only CUDA IPC handles travel and the engines
-    copy device to device; otherwise the policy worker broadcasts them to the engines (NCCL
-    between GPUs, gloo between CPUs; ``Policy.broadcast_weights``), or, where neither can
-    be used, puts them into Ray's object store and the driver passes the reference on
-    (``Policy.put_weights``). The trainer scores the probe in the same call as it sends; the
-    engines read their version back and score the probe in the same call as they load
-    (``RefitReceipt``): one exchange per side, and over a broadcast the two score at once.
-
-    Returns:
-        The probe's ``train/refit_logprob_error`` and ``train/refit_token_mult_prob_error``
-        (empty without a probe).
-
-    Raises:
-        StaleWeightsError: the engine reports a different weight version than the trainer
-            (a refit that did not arrive: generation would sample from stale weights).
-        RefitProbeError: the probe error is over its bound (stale, partial or misnamed weights).
-    """
-    version = policy.weight_version
-    transport = policy.refit_transport(generation)
-    probe_batch, probe_request = (probe.batch, probe.request) if probe is not None else (None, None)
-    if transport == "broadcast":
-        trainer_probe, receipt = policy.broadcast_weights(generation, version, probe_batch, probe_request)
-    else:
-        weights, trainer_probe = policy.put_weights(probe_batch, cuda_ipc=transport == "cuda_ipc")
-        receipt = generation.update_weights(weights, version, probe_request)
-        del weights  # the engines hold their copies: the object store may free it
-    if receipt.weight_version != version:
-        raise StaleWeightsError(f"refit failed: generation engine at weight version {receipt.weight_version}, "
-                                f"trainer at {version}")
-    if probe is None:
-        return {}
-    metrics = probe.measure(policy, generation, trainer_probe, receipt.probe_logprobs)
-    probe.check(metrics, version)
-    return metrics

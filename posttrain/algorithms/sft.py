@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from posttrain.algorithms import checkpointing
 from posttrain.algorithms.evaluation import greedy_accuracy, is_validation_step
 from posttrain.algorithms.loss_functions import NLLLoss
-from posttrain.algorithms.runtime import Runtime, open_run, refit
+from posttrain.algorithms.runtime import Runtime, open_run
 from posttrain.config import RunConfig, Section
 from posttrain.data.batch import TokenBatch, make_batch
 from posttrain.data.chat import ChatEncoder
@@ -24,6 +24,7 @@ from posttrain.data.sampler import EpochSampler
 from posttrain.data.types import MathProblem
 from posttrain.ops import masked_mean
 from posttrain.utils.timer import Timer
+from posttrain.weight_sync.refit import refit
 
 
 class SFTConfig(Section):

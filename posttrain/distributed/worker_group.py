@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
@@ -33,6 +34,30 @@ def creation_error_line(exc: RayActorError) -> str:
     """
     lines = [line for line in str(exc).splitlines() if re.match(r"[A-Za-z_][\w.]*: \S", line)]
     return lines[-1] if lines else str(exc).strip().splitlines()[0]
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Pending(Generic[T]):
+    """Calls started on a group's workers and not yet waited for (a sender and its receivers
+    must run at once): :meth:`wait` blocks for them and returns what ``finish`` makes of them.
+
+    Attributes:
+        gather: the group's ``gather`` (the results in rank order, errors as its own).
+        refs: the started calls.
+        method: their method's name, for errors.
+        finish: the answers in rank order -> the value (e.g. rank 0's, or one receipt).
+    """
+
+    gather: Callable[[list[Any], str], list[Any]]
+    refs: list[Any]
+    method: str
+    finish: Callable[[list[Any]], T]
+
+    def wait(self) -> T:
+        return self.finish(self.gather(self.refs, self.method))
 
 
 class RayWorkerGroup:

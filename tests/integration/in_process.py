@@ -36,8 +36,9 @@ from posttrain.algorithms import runtime
 from posttrain.config import load_config
 from posttrain.models.generation import engine_group
 from posttrain.models.generation.hf_generation_worker import HfGenerationWorker, HfGenerationWorkerImpl
-from posttrain.models.policy import base_policy_worker, lm_policy
+from posttrain.models.policy import lm_policy
 from posttrain.models.policy.hf_policy_worker import HfPolicyWorker, HfPolicyWorkerImpl
+from posttrain.weight_sync import sender
 
 # The Ray wrapper -> the class it wraps (the wrappers have no logic of their own), and its role.
 IMPLS: dict[Any, tuple[type, str]] = {
@@ -242,7 +243,7 @@ class InProcess:
         monkeypatch.setattr(engine_group, "RayWorkerGroup", group)
         # No object store: a refit's "reference" is the weights themselves (Ray would resolve it
         # to them at the engine).
-        monkeypatch.setattr(base_policy_worker, "object_store_put", lambda value: value)
+        monkeypatch.setattr(sender, "object_store_put", lambda value: value)
 
     def run(self, algorithm: ModuleType, config: str | Path, overrides: list[str],
             transforms: dict[tuple[str, str], Callable[[Call, Any], Any]] | None = None) -> Run:

@@ -28,7 +28,6 @@ from same_run import assert_same_steps
 from posttrain.algorithms import async_grpo, grpo, grpo_step
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.rollout_producer import start_rollout_producer
-from posttrain.algorithms.runtime import refit
 from posttrain.config import load_config
 from posttrain.data.datasets import load_problems
 from posttrain.errors import BufferTimeoutError, ConfigError
@@ -38,6 +37,7 @@ from posttrain.rollouts.fan_out import shard_for_data_parallel
 from posttrain.rollouts.filters import StalenessFilter
 from posttrain.rollouts.samples import RolloutSample
 from posttrain.utils.timer import Timer
+from posttrain.weight_sync.refit import refit
 
 GRPO_YAML = str(Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_arithmetic.yaml")
 STEPS, P, G, DP = 5, 4, 4, 3

@@ -16,10 +16,11 @@ import torch
 
 from posttrain.algorithms import grpo, sft
 from posttrain.algorithms.loss_functions import NLLLoss
-from posttrain.algorithms.runtime import refit, setup_runtime
+from posttrain.algorithms.runtime import setup_runtime
 from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig, load_config
 from posttrain.data.batch import make_batch
 from posttrain.models.generation.interfaces import SamplingParams
+from posttrain.weight_sync.refit import refit
 
 # gpu(1) is honoured by the harness; the skipif keeps the file safe without it (on a machine
 # with no GPU the workers' placement group would wait for a GPU forever).

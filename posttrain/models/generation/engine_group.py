@@ -18,9 +18,11 @@ import torch
 
 from posttrain.config import GenerationWorkerConfig
 from posttrain.distributed.ray_cluster import RayVirtualCluster
-from posttrain.distributed.worker_group import RayWorkerGroup
-from posttrain.models.generation.interfaces import GenerationOutput, ProbeRequest, RefitReceipt, SamplingParams
-from posttrain.models.generation.sharding import agreed_version, contiguous_shards, gather_outputs, gather_receipts
+from posttrain.distributed.sharding import contiguous_shards
+from posttrain.distributed.worker_group import Pending, RayWorkerGroup
+from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
+from posttrain.models.generation.sharding import gather_outputs
+from posttrain.weight_sync.receipt import ProbeRequest, RefitReceipt, agreed_version, gather_receipts
 
 
 class EngineGroup:
@@ -29,8 +31,9 @@ class EngineGroup:
     Args:
         cluster: virtual cluster to place the engines on.
         worker_cls: the ``ray.remote`` engine class (``HfGenerationWorker`` or
-            ``VllmGenerationWorker``): ``start``, ``generate``, ``score``, ``update_weights``,
-            ``receive_weights``, ``weight_version``, constructed as ``(model_path, cfg, rank=r)``.
+            ``VllmGenerationWorker``): ``start``, ``generate``, ``score``, ``gpu_uuid`` and the
+            refit calls of ``weight_sync.receiver.WeightReceiver``, constructed as
+            ``(model_path, cfg, rank=r)``.
         model_path: Hugging Face model directory (initial weights).
         cfg: the workers' config (the same for every engine).
         bundle_indices: one engine per listed bundle.
@@ -50,6 +53,7 @@ class EngineGroup:
         self.group_cfg = cfg
         self.who = who
         self._starting = self.group.submit_all("start")
+        self._gpus: list[str | None] | None = None  # each engine's GPU, once asked for
 
     def wait_ready(self) -> None:
         """Block until every engine has started; on failure the engines are killed first.
@@ -97,23 +101,25 @@ class EngineGroup:
         n = len(self.group)
         weights = self.group.share(weights)  # one copy for every engine
         refs = self.group.submit_sharded("update_weights", [weights] * n, [version] * n, self._probe_shards(probe))
-        return self.receipt(refs, "update_weights")
+        return gather_receipts(self.group.gather(refs, "update_weights"), self.who)
 
-    def submit_receive(self, version: int, probe: ProbeRequest | None = None) -> list[Any]:
+    def start_joining_broadcast(self, host: str, port: int, world_size: int, timeout_s: float) -> Pending[None]:
+        """Every engine joins the policy's refit broadcast group at ``host:port`` (as rank
+        ``1 + rank``), started, not waited for: the policy joins at the same time."""
+        refs = self.group.submit_all("join_weight_broadcast", host, port, world_size, timeout_s)
+        return Pending(self.group.gather, refs, "join_weight_broadcast", lambda _: None)
+
+    def start_receiving(self, version: int, probe: ProbeRequest | None = None) -> Pending[RefitReceipt]:
         """The engines' side of a refit broadcast, started without waiting (the policy worker
         sends at the same time): each loads what arrives, reads its version back and scores
-        its shard of ``probe``. :meth:`receipt` collects the answers."""
-        n = len(self.group)
-        return self.group.submit_sharded("receive_weights", [version] * n, self._probe_shards(probe))
+        its shard of ``probe``; one receipt when waited for.
 
-    def receipt(self, refs: list[Any], method: str) -> RefitReceipt:
-        """The engines' answers to a refit (``update_weights`` or ``receive_weights`` refs) as
-        one receipt: the version they agree on, the probe's rows in order.
-
-        Raises:
+        Raises (at ``wait``):
             StaleWeightsError: an engine could not load, or they disagree on the version.
         """
-        return gather_receipts(self.group.gather(refs, method), self.who)
+        n = len(self.group)
+        refs = self.group.submit_sharded("receive_weights", [version] * n, self._probe_shards(probe))
+        return Pending(self.group.gather, refs, "receive_weights", lambda answers: gather_receipts(answers, self.who))
 
     def _probe_shards(self, probe: ProbeRequest | None) -> list[ProbeRequest | None]:
         """``probe`` split like :meth:`score` splits its rows, one shard per engine."""
@@ -128,7 +134,7 @@ class EngineGroup:
         return len(self.group)
 
     @property
-    def refit_transport(self) -> str:
+    def refit_setting(self) -> str:
         """``generation.refit_transport``: how the policy may refit these engines."""
         return self.group_cfg.refit_transport
 
@@ -137,18 +143,11 @@ class EngineGroup:
         """``generation.refit_bucket_mb`` in bytes: the largest bucket of a broadcast refit."""
         return self.group_cfg.refit_bucket_mb * 2**20
 
-    def submit(self, method: str, *args: Any) -> list[Any]:
-        """Call ``method(*args)`` on every engine without waiting (for a refit broadcast, whose
-        sender runs at the same time): the refs for :meth:`gather`."""
-        return self.group.submit_all(method, *args)
-
-    def gather(self, refs: list[Any], method: str) -> list[Any]:
-        """The results of :meth:`submit`'s calls, in rank order (errors as ``RayWorkerGroup.gather``'s)."""
-        return self.group.gather(refs, method)
-
     def gpu_uuids(self) -> list[str | None]:
-        """Each engine's GPU (None on a CPU), in rank order."""
-        return self.group.run_all("gpu_uuid")
+        """Each engine's GPU (None on a CPU), in rank order; asked for once (engines do not move)."""
+        if self._gpus is None:
+            self._gpus = self.group.run_all("gpu_uuid")
+        return self._gpus
 
     def weight_version(self) -> int:
         """The engines' weight version.

@@ -1,32 +1,25 @@
 """Generation with Hugging Face ``generate`` on torch, as a Ray actor.
 
 ``HfGenerationWorkerImpl`` holds its own copy of the model; the policy's weights reach it
-only through :meth:`update_weights` (refit), exactly as they would reach vLLM.
+only through a refit (``weight_sync.receiver.WeightReceiver``), exactly as they reach vLLM.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import Any
 
 import ray
 import torch
 
 from posttrain.config import GenerationWorkerConfig
-from posttrain.errors import StaleWeightsError
-from posttrain.models.generation.interfaces import (
-    GenerationOutput,
-    ProbeRequest,
-    RefitReceipt,
-    SamplingParams,
-    refit_receipt,
-)
+from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.models.precision import use_tf32_for_fp32
-from posttrain.models.weight_broadcast import WeightBroadcast, connect_store
-from posttrain.models.weight_transfer import CudaIpcWeights, gpu_uuid, materialize
+from posttrain.weight_sync.receiver import Shapes, WeightReceiver
+from posttrain.weight_sync.transport import gpu_uuid
 
 
-class HfGenerationWorkerImpl:
+class HfGenerationWorkerImpl(WeightReceiver):
     """Args: model_path (Hugging Face directory), cfg (its ``num_threads``, ``dtype`` and
     ``device``: "cpu", or "cuda" for the actor of a GPU bundle), rank.
 
@@ -108,54 +101,16 @@ class HfGenerationWorkerImpl:
         """This worker's GPU (None on a CPU): the driver refits over CUDA IPC when it is the policy's."""
         return gpu_uuid(self.device)
 
-    def update_weights(self, weights: dict[str, torch.Tensor] | CudaIpcWeights, version: int,
-                       probe: ProbeRequest | None = None) -> RefitReceipt:
-        """Load the policy's weights in place (a state dict, or CUDA IPC handles of the
-        policy's GPU tensors); the version changes only if all of them loaded. Answers
-        with the version read back and ``probe`` scored under the new weights.
+    def refit_shapes(self) -> Shapes:
+        """The model's state dict names and shapes (a tied embedding under both of its names)."""
+        return {name: tuple(t.shape) for name, t in self.model.state_dict().items()}
 
-        Raises:
-            StaleWeightsError: a name is missing or unknown, or a shape differs (one line
-                naming the first few); the worker keeps its old weights and version.
-        """
-        tensors = materialize(weights)
-        self._load({name: tuple(t.shape) for name, t in tensors.items()}, tensors.items(), version)
-        return refit_receipt(self, probe)
+    def refit_device(self) -> str:
+        return self.device.type
 
-    def join_weight_broadcast(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        """Join the policy's refit broadcast group served at ``host:port`` as rank ``1 + rank``."""
-        store = connect_store(host, port, timeout_s)
-        self.broadcast = WeightBroadcast(store, 1 + self.rank, world_size, self.device.type, timeout_s)
-
-    def receive_weights(self, version: int, probe: ProbeRequest | None = None) -> RefitReceipt:
-        """Load the weights the policy broadcasts now (see :meth:`update_weights`; names and
-        shapes are checked from the sender's plan before a tensor loads), then answer as
-        :meth:`update_weights` does.
-
-        Raises:
-            StaleWeightsError: as :meth:`update_weights` (every bucket is still received, so
-                the sender is not left waiting).
-        """
-        with self.broadcast.receive() as reception:
-            self._load(reception.plan.shapes, reception, version)
-        return refit_receipt(self, probe)
-
-    def _load(self, shapes: dict[str, tuple[int, ...]], tensors: Iterable[tuple[str, torch.Tensor]],
-              version: int) -> None:
-        """Copy ``tensors`` (named as in ``shapes``) into the model, after checking that
-        ``shapes`` names every tensor of the model with its shape and nothing else."""
+    def _load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy each tensor into the model's own (in place: no new allocation); then the version."""
         state = self.model.state_dict()
-        missing = sorted(set(state) - set(shapes))
-        unknown = sorted(set(shapes) - set(state))
-        if missing or unknown:
-            raise StaleWeightsError(f"generation worker {self.rank} cannot load weight version {version}: "
-                                    f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
-                                    f"unknown {unknown[:3]}{'...' if len(unknown) > 3 else ''}")
-        wrong = [name for name, shape in shapes.items() if tuple(state[name].shape) != tuple(shape)]
-        if wrong:
-            raise StaleWeightsError(f"generation worker {self.rank} cannot load weight version {version}: "
-                                    f"{wrong[0]} is {list(shapes[wrong[0]])}, the model's is "
-                                    f"{list(state[wrong[0]].shape)}")
         for name, tensor in tensors:
             state[name].copy_(tensor)
         self.version = version

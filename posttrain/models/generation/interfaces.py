@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-import ray
-import torch
+from posttrain.weight_sync.refit import RefitTarget
 
 
 @dataclass(frozen=True)
@@ -54,47 +53,9 @@ class GenerationOutput:
     weight_version: int
 
 
-@dataclass(frozen=True)
-class ProbeRequest:
-    """The weight-sync probe's sequences, for the engines to score as soon as a refit has
-    loaded (in the refit's own call, while the trainer scores its side).
-
-    Attributes:
-        prompts, completions: token ids per row, as ``Generation.score`` takes them.
-        temperature: the sampling temperature the rows are scored at.
-    """
-
-    prompts: list[list[int]]
-    completions: list[list[int]]
-    temperature: float
-
-
-@dataclass
-class RefitReceipt:
-    """What the engines answer to a refit.
-
-    Attributes:
-        weight_version: the version the engines hold after loading, read back from them (the
-            label they stamp on completions), not the version they were sent.
-        probe_logprobs: ``Generation.score`` of the :class:`ProbeRequest` under the new
-            weights, per row; None when no probe was asked for.
-    """
-
-    weight_version: int
-    probe_logprobs: list[list[float]] | None = None
-
-
-def refit_receipt(engine: Any, probe: ProbeRequest | None) -> RefitReceipt:
-    """An engine worker's answer to a refit it has just loaded: its own ``weight_version()``
-    and, with a ``probe``, its ``score`` of the probe's rows (no call for an empty shard)."""
-    if probe is None:
-        return RefitReceipt(engine.weight_version())
-    rows = engine.score(probe.prompts, probe.completions, temperature=probe.temperature) if probe.prompts else []
-    return RefitReceipt(engine.weight_version(), rows)
-
-
-class Generation(Protocol):
-    """An inference engine that samples completions and takes weight updates (refit)."""
+class Generation(RefitTarget, Protocol):
+    """An inference engine that samples completions and takes weight updates (the refit
+    side, ``RefitTarget``: ``weight_sync.refit``)."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         """Sample one completion per prompt (repeat prompts for groups)."""
@@ -104,18 +65,6 @@ class Generation(Protocol):
         """Teacher-forced logprobs: per row, ``log p(completion[t] | prompt + completion[:t])``
         at ``temperature`` (same lengths as ``completions``). The weight-sync probe compares
         these with the trainer's logprobs of the same tokens after every refit."""
-        ...
-
-    def update_weights(self, weights: dict[str, torch.Tensor] | ray.ObjectRef, version: int,
-                       probe: ProbeRequest | None = None) -> RefitReceipt:
-        """Load ``weights`` (Hugging Face names; or the object-store reference of such a dict,
-        which each worker fetches itself), set the engine's weight version, and (with a
-        ``probe``) score the probe under the new weights, all in one call.
-
-        Raises:
-            StaleWeightsError: the engines could not load the weights, or disagree afterwards
-                on their version.
-        """
         ...
 
     def weight_version(self) -> int:

@@ -18,10 +18,9 @@ import torch
 from posttrain.config import PolicyWorkerConfig, engine_dtype
 from posttrain.data.batch import TokenBatch
 from posttrain.models.policy.interfaces import LossFn, Metrics
-from posttrain.models.weight_broadcast import WeightBroadcast, serve_store
-from posttrain.models.weight_transfer import CudaIpcWeights, gpu_uuid, node_ip
 from posttrain.ops import compute_logprobs, compute_logprobs_and_entropy, masked_sum
 from posttrain.utils.memory import peak_rss_gib
+from posttrain.weight_sync.sender import WeightSender
 
 
 def reduce_metrics(acc: Metrics, new: Metrics) -> Metrics:
@@ -38,20 +37,13 @@ def reduce_metrics(acc: Metrics, new: Metrics) -> Metrics:
     return acc
 
 
-def object_store_put(value: Any) -> Any:
-    """``ray.put(value)``: the object-store reference of ``value`` (a seam: the in-process test
-    harness, which runs workers without Ray, makes it the identity)."""
-    import ray
-
-    return ray.put(value)
-
-
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-class PolicyWorkerBase:
-    """Logprobs and the train step over a backend's model.
+class PolicyWorkerBase(WeightSender):
+    """Logprobs and the train step over a backend's model; the refit's sending side is
+    inherited (``weight_sync.sender.WeightSender``).
 
     Subclasses set ``cfg`` (a ``PolicyConfig`` dict plus ``temperature``), ``device``,
     ``model`` (trained), ``reference`` (frozen initial policy) and ``weight_version``, and
@@ -61,8 +53,6 @@ class PolicyWorkerBase:
 
     cfg: PolicyWorkerConfig
     rank: int
-    _broadcast: WeightBroadcast | None = None  # the refit broadcast group (rank 0, once joined)
-    _broadcast_store: Any = None
     device: torch.device
     model: Any  # a torch module; typed Any so each backend keeps its own model class's methods
     reference: Any
@@ -130,85 +120,8 @@ class PolicyWorkerBase:
         old = self.old_logprobs.cpu() if self.old_logprobs is not None else None
         return metrics, self.weight_version, peak_rss_gib(), old
 
-    def put_weights(self, probe: TokenBatch | None = None,
-                    cuda_ipc: bool = False) -> tuple[list[Any], torch.Tensor | None]:
-        """Refit without the driver: the weights of :meth:`get_weights` go into Ray's object
-        store from here, and the driver hands their reference straight to the engines (it
-        never deserializes them). With ``cuda_ipc`` (the engines share this worker's GPU) the
-        weights stay on the GPU and only their CUDA IPC handles travel
-        (:class:`~posttrain.models.weight_transfer.CudaIpcWeights`; kept alive here until the
-        next refit); a backend whose refit weights are not on the GPU sends them as usual.
-
-        Returns:
-            ``([ref], probe logprobs)``: the reference wrapped in a list, so Ray passes it on
-            instead of fetching it, and :meth:`get_logprobs` of ``probe`` (the weight-sync
-            probe's trainer side, in the same call) or None. Only rank 0's weights are
-            meaningful (other ranks of a tensor-parallel group give ``{}``).
-        """
-        weights: Any = self._refit_weights(on_device=cuda_ipc)
-        self._shared_weights = None  # the previous refit's IPC tensors: every engine has copied them
-        if cuda_ipc and weights and all(t.is_cuda for t in weights.values()):
-            self._shared_weights = weights
-            weights = CudaIpcWeights.share(weights)
-        return [object_store_put(weights)], self.get_logprobs(probe, whole_vocab=True) if probe is not None else None
-
-    def serve_weight_broadcast(self, timeout_s: float) -> tuple[str, int] | None:
-        """Rank 0: serve the TCP store of a refit broadcast group (the engines join it) and
-        return its ``(host, port)``; other ranks take no part in the broadcast (None).
-        Then every member calls ``join_weight_broadcast`` at once."""
-        if self.rank != 0:
-            return None
-        self._broadcast_store = serve_store(node_ip(), timeout_s)
-        return node_ip(), self._broadcast_store.port
-
-    def join_weight_broadcast(self, world_size: int, timeout_s: float) -> None:
-        """Rank 0: become the sender (rank 0) of the group served by :meth:`serve_weight_broadcast`,
-        with ``world_size - 1`` engines (they join at the same time); a no-op on other ranks.
-        A group this worker had before (other engines) is released."""
-        if self.rank != 0:
-            return
-        if self._broadcast is not None:
-            self._broadcast.shutdown()
-        self._broadcast = WeightBroadcast(self._broadcast_store, 0, world_size, self.device.type, timeout_s)
-
-    def broadcast_weights(self, bucket_bytes: int,
-                          probe: TokenBatch | None = None) -> tuple[torch.Tensor | None, int, int]:
-        """Refit over the broadcast group: rank 0 sends the weights (Hugging Face names, in the
-        engine's dtype, a tied name once) in buckets of at most ``bucket_bytes``, while the
-        engines receive (the driver calls them at the same time). Every rank must be called
-        (a tensor-parallel model gathers its shards first).
-
-        Returns:
-            ``(probe logprobs, buckets, bytes)``: :meth:`get_logprobs` of ``probe`` (the
-            weight-sync probe's trainer side) or None, and how many buckets and bytes were
-            sent (0 and 0 on ranks other than 0).
-        """
-        weights = self._refit_source()
-        buckets = sent = 0
-        if self._broadcast is not None:  # rank 0
-            plan = self._broadcast.send(weights, getattr(torch, engine_dtype(self.cfg.resolved_precision)),
-                                        bucket_bytes)
-            buckets, sent = len(plan.buckets), sum(bucket.nbytes for bucket in plan.buckets)
-        del weights
-        return self.get_logprobs(probe, whole_vocab=True) if probe is not None else None, buckets, sent
-
-    def _refit_source(self) -> dict[str, torch.Tensor]:
-        """What :meth:`broadcast_weights` sends, on any device and in any dtype (it converts
-        as it packs): :meth:`_refit_weights` unless a backend can hand over its own tensors."""
-        return self._refit_weights(on_device=True)
-
-    def get_weights(self) -> dict[str, torch.Tensor]:
-        """Current weights, Hugging Face names, CPU tensors."""
-        raise NotImplementedError
-
-    def _refit_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
-        """What a refit sends: :meth:`get_weights` unless a backend can send less
-        (``on_device``: it may leave them on the GPU, for CUDA IPC)."""
-        return self.get_weights()
-
-    def gpu_uuid(self) -> str | None:
-        """The UUID of this worker's GPU (None on a CPU): see :func:`posttrain.models.weight_transfer.gpu_uuid`."""
-        return gpu_uuid(self.device)
+    def refit_dtype(self) -> torch.dtype:
+        return getattr(torch, engine_dtype(self.cfg.resolved_precision))
 
     def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
         """Optimizer steps over ``batch`` in global batches of ``train_global_batch_size`` rows,

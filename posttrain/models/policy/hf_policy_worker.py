@@ -22,8 +22,8 @@ from posttrain.data.batch import TokenBatch
 from posttrain.models.policy import lora
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 from posttrain.models.precision import use_tf32_for_fp32
-from posttrain.models.weight_transfer import tensor_identity
 from posttrain.utils.checkpoint import atomic_dir
+from posttrain.weight_sync.transport import tensor_identity
 
 
 class HfPolicyWorkerImpl(PolicyWorkerBase):

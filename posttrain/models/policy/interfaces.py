@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
 from posttrain.data.batch import TokenBatch
-from posttrain.models.generation.interfaces import ProbeRequest, RefitReceipt
+from posttrain.weight_sync.refit import RefitSource
 
 Metrics = dict[str, float]
 
@@ -50,8 +50,8 @@ class LossFn(Protocol):
                  num_tokens: float) -> tuple[torch.Tensor, Metrics]: ...
 
 
-class PolicyInterface(Protocol):
-    """A trainable policy: logprobs, a train step, weights for refit, checkpoints."""
+class PolicyInterface(RefitSource, Protocol):
+    """A trainable policy: logprobs, a train step, and the refit's sending side (``RefitSource``)."""
 
     def get_logprobs(self, batch: TokenBatch, reference: bool = False, whole_vocab: bool = False) -> torch.Tensor:
         """``[B, L]`` float32 logprobs of the completion tokens (current or reference policy)
@@ -66,23 +66,6 @@ class PolicyInterface(Protocol):
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The current weights (Hugging Face names, CPU tensors), fetched to the caller."""
-        ...
-
-    def put_weights(self, probe: TokenBatch | None = None, cuda_ipc: bool = False) -> tuple[Any, torch.Tensor | None]:
-        """The current weights for refit as an object-store reference (``cuda_ipc``: of CUDA
-        IPC handles to them), and the logprobs of ``probe`` scored in the same call (None
-        without one)."""
-        ...
-
-    def refit_transport(self, generation: Any) -> str:
-        """How a refit reaches ``generation``: "cuda_ipc", "broadcast" or "object_store"."""
-        ...
-
-    def broadcast_weights(self, generation: Any, version: int, probe: TokenBatch | None = None,
-                          engine_probe: ProbeRequest | None = None) -> tuple[torch.Tensor | None, RefitReceipt]:
-        """Refit ``generation`` over a broadcast from the policy worker: the probe's
-        trainer-side logprobs or None, and the engines' receipt (their version read back,
-        their scores of ``engine_probe``)."""
         ...
 
     @property

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Literal
 
 import ray
 import torch
@@ -17,15 +16,12 @@ import torch
 from posttrain.config import PolicyConfig, PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch
 from posttrain.distributed.ray_cluster import RayVirtualCluster
-from posttrain.distributed.worker_group import RayWorkerGroup
+from posttrain.distributed.worker_group import Pending, RayWorkerGroup
 from posttrain.errors import ConfigError
-from posttrain.models.generation.interfaces import ProbeRequest, RefitReceipt
 from posttrain.models.policy.hf_policy_worker import HfPolicyWorker
 from posttrain.models.policy.interfaces import LossFn, TrainResult
 from posttrain.models.policy.lora import check_adapter
-from posttrain.models.weight_broadcast import BROADCAST_TIMEOUT_S
-
-RefitTransport = Literal["cuda_ipc", "broadcast", "object_store"]
+from posttrain.weight_sync.refit import RefitTarget
 
 MCORE_MISSING = ("policy.backend=megatron but megatron-core is not installed: run with `uv run --extra mcore ...`")
 
@@ -62,24 +58,6 @@ def check_backend(cfg: PolicyConfig, gpus_per_worker: float, gpus_found: int | N
                           f"but cluster.gpus_per_worker={gpus_per_worker:g}")
 
 
-def choose_refit_transport(setting: str, policy_gpu: str | None, engine_gpus: list[str | None]) -> RefitTransport:
-    """The refit transport for ``generation.refit_transport`` = ``setting`` ("auto" or
-    "object_store"), the policy's GPU UUID and the engines' (None: a CPU).
-
-    ``cuda_ipc`` when every engine holds the policy's GPU; ``broadcast`` when all of them are
-    on CPUs, or each on a GPU of its own (NCCL cannot have two ranks on one GPU); else
-    ``object_store`` (also whenever ``setting`` says so).
-    """
-    if setting == "object_store":
-        return "object_store"
-    if policy_gpu is not None and all(uuid == policy_gpu for uuid in engine_gpus):
-        return "cuda_ipc"
-    on_cpus = policy_gpu is None and all(uuid is None for uuid in engine_gpus)
-    gpus = [policy_gpu, *engine_gpus]
-    own_gpus = None not in gpus and len(set(gpus)) == len(gpus)
-    return "broadcast" if on_cpus or own_gpus else "object_store"
-
-
 class Policy:
     """A policy in Ray actors placed on ``cluster`` bundles ``bundle_indices``.
 
@@ -108,8 +86,8 @@ class Policy:
         self.lora_cfg = cfg.lora
         # The version the workers reported with their last train step (None: ask them).
         self._version: int | None = None
-        self._gpus: dict[int, tuple[str | None, list[str | None]]] = {}  # id(generation) -> (our GPU, theirs)
-        self._broadcast_to: int | None = None  # id of the engine group the broadcast group was set up with
+        self._gpu: tuple[str | None] | None = None  # rank 0's GPU, once asked for
+        self.broadcast_peer: RefitTarget | None = None  # the engines the broadcast group was set up with
         self.last_broadcast: tuple[int, int] | None = None  # (buckets, bytes) of the last broadcast refit
 
     def wait_ready(self) -> None:
@@ -149,48 +127,30 @@ class Policy:
         [ref], probe_logprobs = self.group.run_all("put_weights", probe, cuda_ipc=cuda_ipc)[0]
         return ref, probe_logprobs
 
-    def refit_transport(self, generation: Any) -> RefitTransport:
-        """How a refit reaches ``generation``'s engines (:func:`choose_refit_transport` of its
-        ``refit_transport`` setting, rank 0's GPU and the engines'; the GPUs are asked for once
-        per engine group). A ``generation`` without the setting (a test double) gets ``object_store``."""
-        setting = getattr(generation, "refit_transport", "object_store")
-        if setting == "object_store":
-            return "object_store"
-        key = id(generation)
-        if key not in self._gpus:
-            self._gpus[key] = (self.group.run_all("gpu_uuid")[0], generation.gpu_uuids())
-        return choose_refit_transport(setting, *self._gpus[key])
+    def gpu_uuid(self) -> str | None:
+        """Rank 0's GPU (None on a CPU), asked for once: a refit's transport depends on it."""
+        if self._gpu is None:
+            self._gpu = (self.group.run_all("gpu_uuid")[0],)
+        return self._gpu[0]
 
-    def broadcast_weights(self, generation: Any, version: int, probe: TokenBatch | None = None,
-                          engine_probe: ProbeRequest | None = None) -> tuple[torch.Tensor | None, RefitReceipt]:
-        """Refit ``generation``'s engines over a broadcast from the policy worker (NCCL or gloo,
-        see ``posttrain.models.weight_broadcast``): the sender and the receivers run at once,
-        the weights go device to device in buckets of ``generation.refit_bucket_bytes``. The
-        group is set up at the first refit of an engine group. After the weights, each side
-        scores its probe in the same call (the two at once).
+    def serve_weight_broadcast(self, timeout_s: float) -> tuple[str, int]:
+        """Rank 0 serves the store of a refit broadcast group: its ``(host, port)``
+        (``WeightSender.serve_weight_broadcast``)."""
+        return self.group.run_all("serve_weight_broadcast", timeout_s)[0]
 
-        Returns:
-            ``(trainer probe logprobs or None, the engines' receipt)``: the sender's
-            ``[B, L]`` logprobs of ``probe``, and the version the engines read back with their
-            scores of ``engine_probe`` (``EngineGroup.receipt``).
+    def start_joining_broadcast(self, world_size: int, timeout_s: float) -> Pending[None]:
+        """Rank 0 joins the group it serves as the sender, started, not waited for (the engines
+        join at the same time)."""
+        return Pending(self.group.gather, self.group.submit_all("join_weight_broadcast", world_size, timeout_s),
+                       "join_weight_broadcast", lambda _: None)
 
-        Raises:
-            StaleWeightsError: an engine could not load the weights (names or shapes differ).
-            WorkerDiedError: a worker died on the way.
-        """
-        if self._broadcast_to != id(generation):
-            host, port = self.group.run_all("serve_weight_broadcast", BROADCAST_TIMEOUT_S)[0]
-            world_size = 1 + generation.num_engines
-            mine = self.group.submit_all("join_weight_broadcast", world_size, BROADCAST_TIMEOUT_S)
-            generation.gather(generation.submit("join_weight_broadcast", host, port, world_size, BROADCAST_TIMEOUT_S),
-                              "join_weight_broadcast")
-            self.group.gather(mine, "join_weight_broadcast")
-            self._broadcast_to = id(generation)
-        sending = self.group.submit_all("broadcast_weights", generation.refit_bucket_bytes, probe)
-        receipt = generation.receipt(generation.submit_receive(version, engine_probe), "receive_weights")
-        probe_logprobs, buckets, sent = self.group.gather(sending, "broadcast_weights")[0]
-        self.last_broadcast = (buckets, sent)
-        return probe_logprobs, receipt
+    def start_broadcast(self, bucket_bytes: int,
+                        probe: TokenBatch | None = None) -> Pending[tuple[torch.Tensor | None, int, int]]:
+        """Every worker sends its part of a broadcast refit (rank 0 sends; see
+        ``WeightSender.broadcast_weights``), started, not waited for; rank 0's
+        ``(probe logprobs, buckets, bytes)`` when waited for."""
+        return Pending(self.group.gather, self.group.submit_all("broadcast_weights", bucket_bytes, probe),
+                       "broadcast_weights", lambda answers: answers[0])
 
     @property
     def weight_version(self) -> int:

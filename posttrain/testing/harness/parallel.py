@@ -23,7 +23,8 @@ worker makes heaviest module first (:func:`heaviest_modules_first`, by the durat
 
 Threads: each worker's torch/OpenMP threads and its fast tokenizers' rayon threads are its share
 of the CPUs (:func:`thread_share`), through ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` /
-``RAYON_NUM_THREADS`` set before anything imports torch or tokenizers (a value of your own wins). Each worker's Ray cluster is the ``ray_cluster`` fixture's (tests/conftest.py).
+``RAYON_NUM_THREADS`` set before anything imports torch or tokenizers (a value of your own
+wins). Each worker's Ray cluster is the ``ray_cluster`` fixture's (tests/conftest.py).
 """
 
 from __future__ import annotations

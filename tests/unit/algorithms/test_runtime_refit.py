@@ -10,9 +10,9 @@ from unit.models.generation.refit_helpers import (
     train_step,
 )
 
-from posttrain.algorithms.runtime import refit
 from posttrain.data.batch import make_batch
 from posttrain.models.generation.interfaces import SamplingParams
+from posttrain.weight_sync.refit import refit
 
 # Shared prefix of the long prompts: vLLM's CPU KV block (128 tokens) and more, so these are
 # the prompts that the vLLM tier's prefix-cache test serves from a cache.
@@ -69,10 +69,9 @@ def test_an_engine_that_loads_nothing_fails_the_refits_version_check(hf_runtime,
     refit(rt.policy, rt.generation)
     old = rt.policy.weight_version
     train_step(rt)
-    monkeypatch.setattr(rt.policy, "refit_transport", lambda generation: transport)
-    with engines_skip(rt, "_load"), pytest.raises(
+    with engines_skip(rt, "_load_weights"), pytest.raises(
             RuntimeError, match=rf"^refit failed: generation engine at weight version {old}, trainer at {old + 1}$"):
-        refit(rt.policy, rt.generation)
+        refit(rt.policy, rt.generation, transport=transport)
     refit(rt.policy, rt.generation)  # the engines load again: the next refit arrives
     assert rt.generation.weight_version() == old + 1
 
@@ -99,12 +98,11 @@ def test_a_probed_refit_is_one_call_per_side(hf_runtime, monkeypatch, transport,
     call; the engines load, read their version back and score theirs in one call. Nothing
     is asked afterwards, and the probe still measures the two sides (exact in fp32)."""
     rt = hf_runtime
-    monkeypatch.setattr(rt.policy, "refit_transport", lambda generation: transport)
-    refit(rt.policy, rt.generation, rt.probe)  # a broadcast group is set up at its first refit
+    refit(rt.policy, rt.generation, rt.probe, transport=transport)  # a broadcast group is set up at its first refit
     train_step(rt)
     policy_calls = _record_calls(monkeypatch, rt.policy.group)
     engine_calls = _record_calls(monkeypatch, rt.generation.group)
-    metrics = refit(rt.policy, rt.generation, rt.probe)
+    metrics = refit(rt.policy, rt.generation, rt.probe, transport=transport)
     assert (policy_calls, engine_calls) == ([sender], [receiver])
     assert metrics["train/refit_logprob_error"] < 1e-5
     assert rt.generation.weight_version() == rt.policy.weight_version

@@ -2,8 +2,9 @@
 
 The engine runs in the actor's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so
 ``LLM.collective_rpc`` reaches its worker directly and refit needs no second IPC hop:
-the state dict arrives through the Ray object store and is loaded with the worker's
-public ``reload_weights`` (in place, Hugging Face parameter names). The engine itself
+the weights arrive through ``weight_sync.receiver.WeightReceiver`` (checked there against the
+Hugging Face model's names and shapes) and are loaded with the worker's public
+``reload_weights`` (in place, Hugging Face parameter names). The engine itself
 carries the weight version (``set_weight_version``) and stamps it on every completion; the
 worker remembers the version it was last given and checks the engine's label and stamps
 against that, never against the label read back.
@@ -22,17 +23,21 @@ import torch
 
 from posttrain.config import GenerationWorkerConfig
 from posttrain.errors import EngineStartError, StaleWeightsError
-from posttrain.models.generation.interfaces import (
-    GenerationOutput,
-    ProbeRequest,
-    RefitReceipt,
-    SamplingParams,
-    refit_receipt,
-)
+from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.models.generation.vllm.engine_memory import check_fits, free_memory, kv_cache_bytes, kv_cache_shape
 from posttrain.models.precision import use_tf32_for_fp32
-from posttrain.models.weight_broadcast import WeightBroadcast, connect_store
-from posttrain.models.weight_transfer import CudaIpcWeights, gpu_uuid, materialize
+from posttrain.weight_sync.receiver import Shapes, WeightReceiver
+from posttrain.weight_sync.transport import gpu_uuid
+
+
+def hf_shapes(hf_config: Any) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the Hugging Face model of ``hf_config``'s state dict, built on the meta
+    device (no memory): what a refit must bring, as the policy and the HF engine name it."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
 def first_line(exc: BaseException) -> str:
@@ -56,7 +61,7 @@ class RotaryReloadWarningFilter(logging.Filter):
         return not (message.endswith(": Failed to load weights") and "RotaryEmbedding" in message.split(":")[0])
 
 
-class VllmGenerationWorkerImpl:
+class VllmGenerationWorkerImpl(WeightReceiver):
     """One vLLM engine holding its own copy of the model.
 
     Args:
@@ -81,6 +86,7 @@ class VllmGenerationWorkerImpl:
         self.llm: Any = None
         self.eos_id: int | None = None
         self._awake_depth = 0  # open _awake blocks
+        self._refit_shapes: dict[str, tuple[int, ...]] = {}  # the Hugging Face model's, built in start()
 
     def start(self) -> None:
         """Start the engine (9-20 s on a CPU for a tiny model).
@@ -107,6 +113,7 @@ class VllmGenerationWorkerImpl:
         if device != "cpu":  # on a GPU the fraction also covers weights and activations: all that is free
             utilization = max(utilization, 0.9 * free / total)
         self.eos_id = hf_config.eos_token_id
+        self._refit_shapes = hf_shapes(hf_config)
         try:
             self.llm = LLM(
                 model=self.model_path, dtype=self.cfg.dtype, seed=self.cfg.seed,
@@ -232,38 +239,18 @@ class VllmGenerationWorkerImpl:
         """This engine's GPU (None on a CPU): the driver refits over CUDA IPC when it is the policy's."""
         return gpu_uuid(self.cfg.device)
 
-    def update_weights(self, weights: dict[str, torch.Tensor] | CudaIpcWeights, version: int,
-                       probe: ProbeRequest | None = None) -> RefitReceipt:
-        """Load the policy's weights in place (HF names; a state dict or CUDA IPC handles of
-        the policy's GPU tensors) and label the engine with ``version``. Answers with the
-        engine's label read back and ``probe`` scored under the new weights.
+    def refit_shapes(self) -> Shapes:
+        """The Hugging Face model's names and shapes (vLLM's own parameters fuse some of them)."""
+        return self._refit_shapes
 
-        A name the engine does not know raises inside vLLM; a name that is missing leaves
-        that tensor as it was (vLLM only logs it): the weight-sync probe catches that.
+    def refit_device(self) -> str:
+        return self.cfg.device
 
-        Raises:
-            StaleWeightsError: vLLM could not empty its prefix cache (requests still hold KV
-                blocks); the engine keeps its old label.
-        """
-        with self._awake():
-            tensors = materialize(weights)
-            self._reload(iter(tensors.items()), version)
-            del tensors
-            return refit_receipt(self, probe)
+    def _loading(self) -> contextlib.AbstractContextManager[None]:
+        return self._awake()
 
-    def join_weight_broadcast(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        """Join the policy's refit broadcast group served at ``host:port`` as rank ``1 + rank``."""
-        store = connect_store(host, port, timeout_s)
-        self.broadcast = WeightBroadcast(store, 1 + self.rank, world_size, self.cfg.device, timeout_s)
-
-    def receive_weights(self, version: int, probe: ProbeRequest | None = None) -> RefitReceipt:
-        """Load the weights the policy broadcasts now, bucket by bucket as they arrive (see
-        :meth:`update_weights`; every bucket is received even when loading fails, so the
-        sender is not left waiting), then answer as :meth:`update_weights` does."""
-        with self._awake():
-            with self.broadcast.receive() as reception:
-                self._reload(iter(reception), version)
-            return refit_receipt(self, probe)
+    def _load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]], version: int) -> None:
+        self._reload(tensors, version)
 
     def _reload(self, tensors: Iterator[tuple[str, torch.Tensor]], version: int) -> None:
         """vLLM's in-place ``reload_weights`` over ``tensors``, then a fresh prefix cache and the label."""

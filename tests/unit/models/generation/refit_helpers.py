@@ -38,6 +38,24 @@ def engines_skip(rt: Any, method: str) -> Iterator[None]:
         ray.get([w.__ray_call__.remote(lambda self: delattr(self, method)) for w in workers])
 
 
+@contextlib.contextmanager
+def engines_drop(rt: Any, name: str) -> Iterator[None]:
+    """Inside the block, every engine's loader silently skips tensor ``name`` after the refit
+    passed its checks (a loader bug: the names and shapes were right, one tensor never lands)."""
+    workers = rt.generation.group.workers
+
+    def install(worker: Any) -> None:
+        load = type(worker)._load_weights
+        worker._load_weights = lambda tensors, version: load(worker, ((n, t) for n, t in tensors if n != name),
+                                                             version)
+
+    ray.get([w.__ray_call__.remote(install) for w in workers])
+    try:
+        yield
+    finally:
+        ray.get([w.__ray_call__.remote(lambda self: delattr(self, "_load_weights")) for w in workers])
+
+
 def answer_nll(rt: Any, answer: str = "77") -> float:
     """Token-mean NLL of :func:`answer_batch` under the policy's current weights: what a
     memorization loop stops on (a train call's own loss is measured before its update,
@@ -47,16 +65,15 @@ def answer_nll(rt: Any, answer: str = "77") -> float:
 
 
 class DropOneTensor:
-    """A policy whose refit weights lose tensor ``name`` on the way: a partial refit."""
+    """A policy whose refit weights lose tensor ``name`` on the way: a partial refit (refit it
+    with ``transport="object_store"``: the weights pass through :meth:`put_weights`, where one
+    is dropped)."""
 
     def __init__(self, policy: Any, name: str):
         self.policy, self.name = policy, name
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.policy, attr)
-
-    def refit_transport(self, generation: Any) -> str:
-        return "object_store"  # the weights pass through here, where one is dropped
 
     def put_weights(self, probe: Any = None, cuda_ipc: bool = False) -> tuple[Any, Any]:
         import ray

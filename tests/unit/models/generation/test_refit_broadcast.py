@@ -12,9 +12,10 @@ import pytest
 import ray
 from unit.models.generation.refit_helpers import train_step
 
-from posttrain.algorithms.runtime import refit, setup_runtime
+from posttrain.algorithms.runtime import setup_runtime
 from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig, RefitProbeConfig
 from posttrain.errors import RefitProbeError, StaleWeightsError
+from posttrain.weight_sync.refit import refit, refit_transport
 
 
 def runtime(tiny_model_path: str, num_workers: int = 2, **generation):
@@ -28,7 +29,7 @@ def test_a_cpu_refit_is_a_broadcast_in_buckets_and_every_engine_serves_the_new_w
         ray_cluster, tiny_model_path, bucket_mb):
     rt = runtime(tiny_model_path, refit_bucket_mb=bucket_mb)
     try:
-        assert rt.policy.refit_transport(rt.generation) == "broadcast"
+        assert refit_transport(rt.policy, rt.generation) == "broadcast"
         for _ in range(2):  # the second refit reuses the group
             train_step(rt)
             stale = rt.probe.measure(rt.policy, rt.generation)["train/refit_logprob_error"]
@@ -47,7 +48,7 @@ def test_a_cpu_refit_is_a_broadcast_in_buckets_and_every_engine_serves_the_new_w
 def test_refit_transport_object_store_sends_no_broadcast(ray_cluster, tiny_model_path):
     rt = runtime(tiny_model_path, refit_transport="object_store")
     try:
-        assert rt.policy.refit_transport(rt.generation) == "object_store"
+        assert refit_transport(rt.policy, rt.generation) == "object_store"
         train_step(rt)
         error = refit(rt.policy, rt.generation, rt.probe)["train/refit_logprob_error"]
         assert error < 1e-6
@@ -70,19 +71,19 @@ def test_a_refit_that_one_engine_only_pretends_to_load_fails_whichever_engine_it
             train_step(rt)
             # inside that engine actor (lambdas travel by value): its loads take the version, copy nothing
             ray.get(workers[index].__ray_call__.remote(
-                lambda engine: setattr(engine, "_load", lambda shapes, tensors, version: setattr(engine, "version",
-                                                                                                 version))))
+                lambda engine: setattr(engine, "_load_weights", lambda tensors, version: setattr(engine, "version",
+                                                                                                         version))))
             with pytest.raises(RefitProbeError, match="weight-sync probe failed"):
                 refit(rt.policy, rt.generation, rt.probe)
-            ray.get(workers[index].__ray_call__.remote(lambda engine: delattr(engine, "_load")))  # its own again
+            ray.get(workers[index].__ray_call__.remote(lambda engine: delattr(engine, "_load_weights")))  # its own
             assert refit(rt.policy, rt.generation, rt.probe)["train/refit_logprob_error"] < 1e-6  # all loaded
         for index in range(3):  # an engine that loads nothing and keeps its old version: the versions disagree
             train_step(rt)
             ray.get(workers[index].__ray_call__.remote(
-                lambda engine: setattr(engine, "_load", lambda shapes, tensors, version: None)))
+                lambda engine: setattr(engine, "_load_weights", lambda tensors, version: None)))
             with pytest.raises(StaleWeightsError, match=r"disagree on the weight version: \[\d+, \d+\]"):
                 refit(rt.policy, rt.generation, rt.probe)
-            ray.get(workers[index].__ray_call__.remote(lambda engine: delattr(engine, "_load")))
+            ray.get(workers[index].__ray_call__.remote(lambda engine: delattr(engine, "_load_weights")))
             refit(rt.policy, rt.generation, rt.probe)
     finally:
         rt.shutdown()

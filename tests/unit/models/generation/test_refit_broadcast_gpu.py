@@ -12,9 +12,10 @@ import pytest
 import torch
 from unit.models.generation.refit_helpers import train_step
 
-from posttrain.algorithms.refit_probe import PROBE_BOUNDS
-from posttrain.algorithms.runtime import refit, setup_runtime
+from posttrain.algorithms.runtime import setup_runtime
 from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig
+from posttrain.weight_sync.probe import PROBE_BOUNDS
+from posttrain.weight_sync.refit import refit, refit_transport
 
 _GPUS = torch.cuda.device_count()
 pytestmark = [pytest.mark.gpu(2), pytest.mark.skipif(_GPUS < 2, reason=f"needs 2 GPUs, found {_GPUS}")]
@@ -26,7 +27,7 @@ def test_a_refit_between_two_gpus_is_an_nccl_broadcast_and_the_engine_serves_the
     rt = setup_runtime(ModelConfig(path=tiny_model_path), PolicyConfig(lr=1e-2, precision=precision, tf32=False),
                        GenerationConfig(backend="hf", refit_bucket_mb=1), ClusterConfig(gpus_per_worker=1), seed=0)
     try:
-        assert rt.policy.refit_transport(rt.generation) == "broadcast"
+        assert refit_transport(rt.policy, rt.generation) == "broadcast"
         bound = PROBE_BOUNDS[precision]
         exact = 1e-6 if precision == "fp32" else bound
         for _ in range(2):

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from posttrain.algorithms.loss_functions import ClippedPGLoss
-from posttrain.algorithms.refit_probe import PROBE_BOUNDS
-from posttrain.algorithms.runtime import refit, setup_runtime
+from posttrain.algorithms.runtime import setup_runtime
 from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig
 from posttrain.data.batch import make_batch
+from posttrain.weight_sync.probe import PROBE_BOUNDS
+from posttrain.weight_sync.refit import refit, refit_transport
 
 _GPUS = torch.cuda.device_count()
 pytestmark = [pytest.mark.gpu(1), pytest.mark.skipif(_GPUS < 1, reason=f"needs 1 GPU, found {_GPUS}")]
@@ -37,7 +38,7 @@ def test_a_colocated_refit_goes_over_cuda_ipc_and_the_engine_serves_the_new_weig
                        GenerationConfig(backend="hf"), ClusterConfig(cpus_per_worker=0.5, gpus_per_worker=0.5),
                        seed=0)
     try:
-        assert rt.policy.refit_transport(rt.generation) == "cuda_ipc"
+        assert refit_transport(rt.policy, rt.generation) == "cuda_ipc"
         bound = PROBE_BOUNDS[precision]
         exact = 1e-6 if precision == "fp32" else bound
         for _ in range(2):  # the second refit shares new tensors; the first ones are released

@@ -8,11 +8,11 @@ import pytest
 import torch
 from refit_helpers import DropOneTensor, train_step
 
-from posttrain.algorithms.refit_probe import RefitProbe, probe_errors, probe_sequences
-from posttrain.algorithms.runtime import refit
 from posttrain.config import GenerationConfig, RefitProbeConfig
 from posttrain.errors import ConfigError, RefitProbeError, StaleWeightsError
 from posttrain.models.generation.factory import num_bundles, resolve_backend
+from posttrain.weight_sync.probe import RefitProbe, probe_errors, probe_sequences
+from posttrain.weight_sync.refit import refit
 
 
 def test_auto_picks_vllm_only_when_importable():
@@ -127,7 +127,7 @@ def test_hf_partial_refit_is_refused(hf_runtime):
     # The hf engine loads strictly: a missing tensor fails the load itself, in one line.
     name = "model.layers.0.self_attn.q_proj.weight"
     with pytest.raises(StaleWeightsError, match=rf"missing \['{re.escape(name)}'\], unknown \[\]$") as err:
-        refit(DropOneTensor(rt.policy, name), rt.generation, rt.probe)
+        refit(DropOneTensor(rt.policy, name), rt.generation, rt.probe, transport="object_store")
     assert "\n" not in str(err.value)
     assert rt.generation.weight_version() == before  # the version moves only with the weights
     refit(rt.policy, rt.generation, rt.probe)  # a full refit recovers

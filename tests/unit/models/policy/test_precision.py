@@ -15,7 +15,6 @@ import torch
 from harness.policy_backends import make_worker
 
 from posttrain.algorithms.loss_functions import ClippedPGLoss
-from posttrain.algorithms.refit_probe import PROBE_BOUNDS, RefitProbe
 from posttrain.config import (
     GenerationConfig,
     GenerationWorkerConfig,
@@ -27,7 +26,8 @@ from posttrain.config import (
 )
 from posttrain.data.batch import make_batch
 from posttrain.models.generation.hf_generation_worker import HfGenerationWorkerImpl
-from posttrain.models.policy import base_policy_worker
+from posttrain.weight_sync import sender
+from posttrain.weight_sync.probe import PROBE_BOUNDS, RefitProbe
 
 
 def batch(seed: int = 0, rows: int = 4):
@@ -112,7 +112,7 @@ def test_a_refit_sends_the_engine_dtype_and_a_tied_embedding_once(tiny_model_pat
     tied output embedding as the very tensor of the input embedding (pickled once), and after
     loading the engine scores the probe within the precision's bound while a stale engine
     does not."""
-    monkeypatch.setattr(base_policy_worker, "object_store_put", lambda value: value)
+    monkeypatch.setattr(sender, "object_store_put", lambda value: value)
     w = worker(tiny_model_path, precision)
     engine = HfGenerationWorkerImpl(tiny_model_path, GenerationWorkerConfig(dtype=engine_dtype(precision)))
     assert w.model.config.tie_word_embeddings

@@ -2,7 +2,7 @@
 
 import pytest
 
-from posttrain.models.policy.lm_policy import choose_refit_transport
+from posttrain.weight_sync.transport import choose_refit_transport
 
 
 @pytest.mark.parametrize(("policy", "engines", "expected"), [
@@ -30,6 +30,6 @@ def test_object_store_is_used_whenever_the_setting_says_so(policy, engines):
 def test_a_cpu_worker_reports_no_gpu_even_where_cuda_is_visible():
     """On a GPU machine a CPU worker's process sees the GPU too; its tensors are not there,
     so it must not be taken for a colocated worker (CUDA IPC)."""
-    from posttrain.models.weight_transfer import gpu_uuid
+    from posttrain.weight_sync.transport import gpu_uuid
 
     assert gpu_uuid("cpu") is None

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from posttrain.algorithms.async_grpo import staleness_metrics
 from posttrain.algorithms.grpo_step import Rollouts, rollout_metrics, token_mult_prob_error
 from posttrain.algorithms.loss_functions import ClippedPGLoss
-from posttrain.algorithms.refit_probe import probe_errors
 from posttrain.testing.rules.checker import CheckOptions, RuleSpec, run_checks
+from posttrain.weight_sync.probe import probe_errors
 
 INF = math.inf
 # metric -> (low, high): the values its definition can take. Unbounded ones say why.

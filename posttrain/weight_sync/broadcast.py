@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from posttrain.models.weight_transfer import tensor_identity
+from posttrain.weight_sync.transport import tensor_identity
 
 # Byte offsets of tensors in a bucket are multiples of this, so a slice of the bucket's
 # uint8 buffer can be viewed as any dtype (a view must start on a multiple of its element size).

@@ -1,17 +1,41 @@
 """How refit weights travel from the policy worker to the engines without the driver.
 
-By default the policy worker puts its state dict (CPU tensors) into Ray's object store and
-the driver passes the reference on. When the policy and every engine hold the same GPU
-(colocated), the weights need not leave it: :class:`CudaIpcWeights` carries CUDA IPC
-handles of the policy's GPU tensors (a few hundred bytes each), and each engine opens them
-and copies device to device. The policy keeps the shared tensors alive until its next refit.
+Three transports, chosen per refit by :func:`choose_refit_transport`:
+
+- ``object_store``: the policy worker puts its state dict (CPU tensors) into Ray's object
+  store and the driver passes the reference on.
+- ``cuda_ipc``: the policy and every engine hold the same GPU (colocated), so the weights need
+  not leave it: :class:`CudaIpcWeights` carries CUDA IPC handles of the policy's GPU tensors (a
+  few hundred bytes each), and each engine opens them and copies device to device. The policy
+  keeps the shared tensors alive until its next refit.
+- ``broadcast``: a collective from the policy worker to the engines (``weight_sync.broadcast``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
+
+Transport = Literal["cuda_ipc", "broadcast", "object_store"]
+
+
+def choose_refit_transport(setting: str, policy_gpu: str | None, engine_gpus: list[str | None]) -> Transport:
+    """The refit transport for ``generation.refit_transport`` = ``setting`` ("auto" or
+    "object_store"), the policy's GPU UUID and the engines' (None: a CPU).
+
+    ``cuda_ipc`` when every engine holds the policy's GPU; ``broadcast`` when all of them are
+    on CPUs, or each on a GPU of its own (NCCL cannot have two ranks on one GPU); else
+    ``object_store`` (also whenever ``setting`` says so).
+    """
+    if setting == "object_store":
+        return "object_store"
+    if policy_gpu is not None and all(uuid == policy_gpu for uuid in engine_gpus):
+        return "cuda_ipc"
+    on_cpus = policy_gpu is None and all(uuid is None for uuid in engine_gpus)
+    gpus = [policy_gpu, *engine_gpus]
+    own_gpus = None not in gpus and len(set(gpus)) == len(gpus)
+    return "broadcast" if on_cpus or own_gpus else "object_store"
 
 
 class CudaIpcWeights:

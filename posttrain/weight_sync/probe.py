@@ -16,17 +16,29 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from posttrain.config import Precision, RefitProbeConfig
 from posttrain.data.batch import TokenBatch, make_batch
+from posttrain.distributed.sharding import contiguous_shards
 from posttrain.errors import RefitProbeError
-from posttrain.models.generation.interfaces import Generation, ProbeRequest
-from posttrain.models.generation.sharding import contiguous_shards
-from posttrain.models.policy.interfaces import PolicyInterface
 from posttrain.ops import masked_mean
+from posttrain.weight_sync.receipt import ProbeRequest
+
+
+class ProbeTrainer(Protocol):
+    """The trainer side of the probe (the driver's policy)."""
+
+    def get_logprobs(self, batch: TokenBatch, reference: bool = False, whole_vocab: bool = False) -> torch.Tensor: ...
+
+
+class ProbeEngines(Protocol):
+    """The engine side of the probe (the driver's engine group)."""
+
+    def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
+        ...
 
 
 def probe_sequences(token_ids: list[int], cfg: RefitProbeConfig) -> tuple[list[list[int]], list[list[int]]]:
@@ -122,7 +134,7 @@ class RefitProbe:
         """The probe sequences as the engines score them (``Generation.update_weights``)."""
         return ProbeRequest(self.prompts, self.completions, self.temperature)
 
-    def measure(self, policy: PolicyInterface, generation: Generation, trainer: torch.Tensor | None = None,
+    def measure(self, policy: ProbeTrainer, generation: ProbeEngines, trainer: torch.Tensor | None = None,
                 engine_rows: list[list[float]] | None = None) -> dict[str, float]:
         """Score the probe on both sides; the two ``train/refit_*`` metrics of :func:`probe_errors`,
         each the worst engine's (:func:`worst_engine_errors`).

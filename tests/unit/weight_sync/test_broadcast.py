@@ -1,4 +1,4 @@
-"""The refit broadcast (``posttrain.models.weight_broadcast``) on gloo, sender and receivers in
+"""The refit broadcast (``posttrain.weight_sync.broadcast``) on gloo, sender and receivers in
 threads of this process: the bucket plan, exact bytes in the engine's dtype, tied names sent
 once and received as one tensor, a receiver that stops early still taking every bucket, and
 the Hugging Face engine refusing a broadcast whose names do not fit without leaving the
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from posttrain.errors import StaleWeightsError
-from posttrain.models.weight_broadcast import ALIGN, WeightBroadcast, connect_store, plan_buckets, serve_store
+from posttrain.weight_sync.broadcast import ALIGN, WeightBroadcast, connect_store, plan_buckets, serve_store
 
 TIMEOUT_S = 60.0
 
