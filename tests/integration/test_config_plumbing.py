@@ -31,7 +31,7 @@ from replay import ReplayTrainer, TrainerSpec, max_weight_gap
 from posttrain.algorithms import grpo, grpo_step, sft
 from posttrain.config import leaf_fields, load_config
 from posttrain.errors import ConfigError, RefitProbeError
-from posttrain.models.generation import factory
+from posttrain.models.generation import backends
 from posttrain.models.generation.interfaces import GenerationOutput
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -259,8 +259,8 @@ def backend(runner: Runner, _) -> None:
     assert all(isinstance(w.impl, HfGenerationWorkerImpl) for w in run.workers("generation"))
     runner.ip.recorder.ray_init.clear()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(factory, "vllm_importable", lambda: False)
-        with pytest.raises(ConfigError, match="generation.backend=vllm but vLLM is not installed"):
+        mp.setattr(backends, "module_importable", lambda module: module != "vllm")
+        with pytest.raises(ConfigError, match="generation.backend=vllm but vllm is not installed"):
             runner.ip.run(grpo, GRPO_YAML, [f"model.path={runner.model_path}", "generation.backend=vllm"])
     assert runner.ip.recorder.ray_init == []  # refused before Ray starts
 

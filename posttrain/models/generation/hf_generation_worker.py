@@ -13,18 +13,19 @@ import ray
 import torch
 
 from posttrain.config import GenerationWorkerConfig
+from posttrain.models.generation.engine import EngineWorker
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.models.precision import use_tf32_for_fp32
-from posttrain.weight_sync.receiver import Shapes, WeightReceiver
+from posttrain.weight_sync.receiver import Shapes
 from posttrain.weight_sync.transport import gpu_uuid
 
 
-class HfGenerationWorkerImpl(WeightReceiver):
+class HfGenerationWorkerImpl(EngineWorker):
     """Args: model_path (Hugging Face directory), cfg (its ``num_threads``, ``dtype`` and
     ``device``: "cpu", or "cuda" for the actor of a GPU bundle), rank.
 
     The model loads in the constructor (an error there is one line at the driver's
-    ``wait_ready``); :meth:`start` has nothing left to do.
+    ``wait_ready``); ``start`` has nothing left to do (the contract's default).
     """
 
     def __init__(self, model_path: str, cfg: GenerationWorkerConfig | None = None, rank: int = 0):
@@ -43,9 +44,6 @@ class HfGenerationWorkerImpl(WeightReceiver):
         self.eos_id = self.model.config.eos_token_id
         self.version = 0
         self.rank = rank
-
-    def start(self) -> None:
-        """Nothing: the model loaded in the constructor (the engine protocol's start-up step)."""
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)

@@ -23,10 +23,11 @@ import torch
 
 from posttrain.config import GenerationWorkerConfig
 from posttrain.errors import EngineStartError, StaleWeightsError
+from posttrain.models.generation.engine import EngineWorker
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.models.generation.vllm.engine_memory import check_fits, free_memory, kv_cache_bytes, kv_cache_shape
 from posttrain.models.precision import use_tf32_for_fp32
-from posttrain.weight_sync.receiver import Shapes, WeightReceiver
+from posttrain.weight_sync.receiver import Shapes
 from posttrain.weight_sync.transport import gpu_uuid
 
 
@@ -61,7 +62,7 @@ class RotaryReloadWarningFilter(logging.Filter):
         return not (message.endswith(": Failed to load weights") and "RotaryEmbedding" in message.split(":")[0])
 
 
-class VllmGenerationWorkerImpl(WeightReceiver):
+class VllmGenerationWorkerImpl(EngineWorker):
     """One vLLM engine holding its own copy of the model.
 
     Args:

