@@ -139,6 +139,9 @@ def test_a_fast_tokenizer_in_a_worker_starts_only_its_share_of_threads(pytester,
     monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "0")
     for name in THREAD_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
+    # tokenizers turns its pool off (this variable, false) in a process forked after the pool ran:
+    # an outer xdist worker that tokenized before would hand that on
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
     pytester.makepyfile(test_tok=(
         "import os\n"
         "from tokenizers import Tokenizer, models, pre_tokenizers\n\n"
