@@ -413,6 +413,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/weight_sync/receiver.py",
            (("    if missing or unknown:", "    if False:"),),
            ("tests/unit/models/generation/test_refit_probe.py::test_hf_partial_refit_is_refused",
+            "tests/unit/models/generation/test_toy_engine.py::"
+            "test_the_receivers_strictness_holds_for_the_toy_engine_without_a_line_of_its_own",
             "tests/unit/models/generation/test_vllm_generation.py::"
             "test_a_partial_refit_is_refused_in_one_line_before_anything_loads"),
            klass="stale-engine"),
@@ -671,6 +673,19 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/algorithms/grpo_step.py",
            (('with timer.time("advantages"):', 'with timer.time("reward"):'),),
            ("tests/unit/algorithms/test_off_policy_learn.py",), klass="metrics"),
+    # --- issue 32: the backend table ---
+    Mutant("auto_ignores_the_table_order", "generation.backend=auto takes the last importable row, not the first: "
+           "a machine with vLLM installed silently generates with the slower hf engine",
+           "posttrain/models/generation/backends.py",
+           (("key=lambda b: b.auto_order or 0)", "key=lambda b: -(b.auto_order or 0))"),),
+           ("tests/unit/models/generation/test_refit_probe.py::test_auto_picks_vllm_only_when_importable",),
+           klass="config"),
+    Mutant("colocation_ignores_the_row", "every backend's engines share the policy's bundle when colocated, the hf "
+           "engine's too (it cannot: it would hold a second model in the policy's reservation)",
+           "posttrain/models/generation/backends.py",
+           (("    colocated = cfg.colocated and BACKENDS[backend].colocates", "    colocated = cfg.colocated"),),
+           ("tests/unit/models/generation/test_refit_probe.py::test_bundles_colocated_share_the_policy_bundle",),
+           klass="config"),
     Mutant("api_skips_vacuity_check", "the public check_rules never runs the vacuity check the CLI runs: a rule "
            "true of every run passes when called from Python",
            "posttrain/testing/rules/checker.py",

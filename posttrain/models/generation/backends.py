@@ -92,11 +92,11 @@ def resolve_backend(name: str, importable: Callable[[str], bool] | None = None) 
             if backend.requires is None or importable(backend.requires):
                 return backend.name
         raise ConfigError(f"generation.backend=auto found no installed backend among {[b.name for b in ranked]}")
-    backend = BACKENDS.get(name)
-    if backend is None:
+    row = BACKENDS.get(name)
+    if row is None:
         raise ConfigError(f"unknown generation.backend '{name}': expected auto, {', '.join(BACKENDS)}")
-    if backend.requires is not None and not importable(backend.requires):
-        raise ConfigError(f"generation.backend={name} but {backend.requires} is not installed: {backend.install_hint}")
+    if row.requires is not None and not importable(row.requires):
+        raise ConfigError(f"generation.backend={name} but {row.requires} is not installed: {row.install_hint}")
     return name
 
 
