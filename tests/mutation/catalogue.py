@@ -686,6 +686,14 @@ MUTANTS: tuple[Mutant, ...] = (
            (("    colocated = cfg.colocated and BACKENDS[backend].colocates", "    colocated = cfg.colocated"),),
            ("tests/unit/models/generation/test_refit_probe.py::test_bundles_colocated_share_the_policy_bundle",),
            klass="config"),
+    Mutant("toolkit_imports_the_library", "a toolkit module imports a library module: posttrain-testing, installed "
+           "alone, fails at its first command (the dev venv, which has both, never notices)",
+           "posttrain/testing/check_metrics.py",
+           (("from posttrain.testing.rules import interpreter as metric_rules",
+             "from posttrain.errors import PosttrainError  # noqa: F401\n"
+             "from posttrain.testing.rules import interpreter as metric_rules"),),
+           ("tests/unit/testing/test_toolkit_distribution.py::"
+            "test_the_toolkit_installs_alone_and_its_command_and_api_refuse_a_vacuous_rule",), klass="harness"),
     Mutant("api_skips_vacuity_check", "the public check_rules never runs the vacuity check the CLI runs: a rule "
            "true of every run passes when called from Python",
            "posttrain/testing/rules/checker.py",
