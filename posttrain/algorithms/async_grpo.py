@@ -2,15 +2,14 @@
 
 The loop (:func:`train`) reads top to bottom:
 
-    claim -> staleness filter -> data-parallel fan-out -> learn -> clear -> pause, refit, resume
+    claim -> staleness filter -> learn -> clear -> pause, refit, resume
 
 A :mod:`rollout producer <posttrain.algorithms.rollout_producer>` actor samples whole steps
 into a :class:`~posttrain.rollouts.buffer.RolloutBuffer` actor, each sample tagged with the
 weight version that drew it; it runs at most ``k = grpo.async.max_staleness`` steps ahead of
 the trainer. Each step the trainer claims one step's samples (N = P * G, FIFO, exclusive),
 drops those drawn by weights more than k versions behind it (whole groups; it raises on a
-bad tag, it never guesses), hands every kept sample to exactly one data-parallel shard,
-trains with the PPO ratio taken against the behaviour (engine) logprobs (off-policy
+bad tag, it never guesses), trains with the PPO ratio taken against the behaviour (engine) logprobs (off-policy
 correction, see :class:`~posttrain.algorithms.loss_functions.ClippedPGLoss`), clears what it
 consumed and dropped, and refits the engine while the producer is paused (so each batch is
 sampled by one weight version). With k = 0 the producer samples step t + 1 only after step
@@ -26,32 +25,24 @@ the trainer's work this step) and ``timing/generation`` (here: the trainer's wai
 from __future__ import annotations
 
 import time
-from typing import Any
 
-import ray
 import torch
 
 from posttrain.algorithms import checkpointing
+from posttrain.algorithms.async_actors import RolloutBufferClient, RolloutProducerClient
 from posttrain.algorithms.evaluation import is_validation_step
 from posttrain.algorithms.grpo_config import GRPOMasterConfig
 from posttrain.algorithms.grpo_step import Rollouts, learn, validate
 from posttrain.algorithms.loss_functions import ClippedPGLoss
-from posttrain.algorithms.rollout_producer import start_rollout_producer
 from posttrain.algorithms.runtime import open_run
 from posttrain.data.datasets import load_problems
 from posttrain.data.types import MathProblem
-from posttrain.distributed.worker_group import get_unwrapped
 from posttrain.errors import BufferTimeoutError, ConfigError
-from posttrain.rollouts.buffer import start_rollout_buffer
-from posttrain.rollouts.fan_out import shard_for_data_parallel
 from posttrain.rollouts.filters import StalenessFilter, staleness
 from posttrain.rollouts.samples import RolloutSample
 from posttrain.utils.timer import Timer
 from posttrain.weight_sync.refit import refit
 
-# The policies here have one data-parallel rank (HF: one worker; Megatron: tensor parallel
-# only); the fan-out is where more ranks would each take their shard.
-DATA_PARALLEL_SIZE = 1
 # How often a waiting trainer asks the producer whether it failed (s).
 CLAIM_POLL_S = 2.0
 
@@ -71,7 +62,8 @@ def buffer_capacity(cfg: GRPOMasterConfig) -> int:
     return acfg.buffer_size or needed
 
 
-def claim_step(buffer: Any, producer: Any, n: int, timeout_s: float) -> list[RolloutSample]:
+def claim_step(buffer: RolloutBufferClient, producer: RolloutProducerClient, n: int,
+               timeout_s: float) -> list[RolloutSample]:
     """Claim the next step's ``n`` samples, asking the producer between short waits whether it
     failed (its error is raised as itself, not after the whole timeout).
 
@@ -83,9 +75,9 @@ def claim_step(buffer: Any, producer: Any, n: int, timeout_s: float) -> list[Rol
     while True:
         wait = min(CLAIM_POLL_S, max(deadline - time.monotonic(), 0.01))
         try:
-            return get_unwrapped([buffer.claim.remote(n, timeout_s=wait)])[0]
+            return buffer.claim(n, timeout_s=wait)
         except BufferTimeoutError:
-            get_unwrapped([producer.check.remote()])
+            producer.check()
             if time.monotonic() >= deadline:
                 raise BufferTimeoutError(f"no rollouts for this step within grpo.async.claim_timeout_s="
                                          f"{timeout_s:g} s (the producer is alive but slower)") from None
@@ -128,8 +120,8 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
                   with_reference=cfg.grpo.kl_coef > 0) as (rt, logger, resumed_at):
         if resumed_at == 0:
             logger.log(validate(rt, val_problems, cfg), step=0)
-        buffer = start_rollout_buffer(capacity)
-        producer = start_rollout_producer(rt.engine, buffer, rt.model_path, train_problems, cfg, resumed_at + 1)
+        buffer = RolloutBufferClient(capacity)
+        producer = RolloutProducerClient(rt.engine, buffer, rt.model_path, train_problems, cfg, resumed_at + 1)
         print(f"async GRPO: the producer samples up to {acfg.max_staleness} step(s) ahead, rollout buffer of "
               f"{capacity} samples", flush=True)
         sampled_before = 0.0  # the producer's sampling seconds at the end of the last step
@@ -141,26 +133,23 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
                 version = rt.policy.weight_version
                 kept, dropped = staleness_filter.split(claimed, version)
                 metrics = staleness_metrics(claimed, dropped, version)
-                metrics["async/buffer_size"] = float(ray.get(buffer.status.remote()).size - len(claimed))
+                metrics["async/buffer_size"] = float(buffer.status().size - len(claimed))
                 trained = None  # every sample stale: nothing to train on this step
                 if kept:
-                    shards = shard_for_data_parallel(kept, DATA_PARALLEL_SIZE)
-                    rollouts = to_rollouts([s for shard in shards for s in shard])
-                    learned, trained = learn(rt, rollouts, cfg, loss_fn, timer, version, off_policy=True)
+                    learned, trained = learn(rt, to_rollouts(kept), cfg, loss_fn, timer, version, off_policy=True)
                     metrics.update(learned)
                 if acfg.max_staleness > 0:
                     # Only an occasional fresh step would have it: a series with gaps reads as a run
                     # that stopped early. The weight-sync probe checks the engine at every refit.
                     metrics.pop("train/token_mult_prob_error", None)
-                ray.get([buffer.clear.remote([s["sample_id"] for s in kept], "consumed"),
-                         buffer.clear.remote([s["sample_id"] for s in dropped], "dropped")])
+                buffer.clear(consumed=kept, dropped=dropped)
                 with timer.time("refit"):  # the producer waits, so each batch has one weight version
-                    sampled = get_unwrapped([producer.pause.remote()])[0]
+                    sampled = producer.pause()
                     metrics.update(refit(rt.policy, rt.engine, rt.probe))
                 if is_validation_step(step, cfg.grpo.val_period, cfg.grpo.num_steps):
                     with timer.time("validation"):
                         metrics.update(validate(rt, val_problems, cfg))
-                ray.get(producer.resume.remote(step))
+                producer.resume(step)
                 waited = timer.peek("generation")
                 metrics["async/overlap_seconds"] = max(sampled - sampled_before - waited, 0.0)
                 sampled_before = sampled
@@ -168,6 +157,6 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
                 logger.log(metrics, step)
                 checkpointing.after_step(rt.policy, cfg, step, cfg.grpo.num_steps)
         finally:
-            for actor in (producer, buffer):
-                ray.kill(actor)
+            producer.kill()
+            buffer.kill()
     return logger.metrics

@@ -163,17 +163,6 @@ class RolloutProducerImpl:
         return ProducerError(f"{where} failed: {type(exc).__name__}: {text[0] if text else ''}")
 
 
-def start_rollout_producer(*args: Any) -> Any:
-    """A :class:`RolloutProducerImpl` actor (arguments as its constructor's), started.
-
-    A threaded actor, so ``pause``/``resume``/``check`` are served while the sampling thread
-    works; it reserves no CPU: the engines it drives hold the resources.
-    """
-    actor = RolloutProducer.options(num_cpus=0, max_concurrency=4).remote(*args)  # type: ignore[attr-defined]
-    ray.get(actor.start.remote())
-    return actor
-
-
 @ray.remote
 class RolloutProducer(RolloutProducerImpl):
-    """The Ray actor (see :func:`start_rollout_producer`)."""
+    """The Ray actor (the driver's handle: ``async_actors.RolloutProducerClient``)."""

@@ -1,7 +1,10 @@
 """Asynchronous GRPO end to end with real Ray actors: producer -> buffer -> filter -> fan-out.
 
 The flow test drives the loop's own parts (``async_grpo.claim_step``, ``StalenessFilter``,
-``shard_for_data_parallel``, ``grpo_step.learn``, ``refit``) around a real producer actor that
+``grpo_step.learn``, ``refit``, the actors' driver classes in ``async_actors``) and the
+data-parallel fan-out a loop with several data-parallel ranks will add (``shard_for_data_parallel``,
+over 3 ranks; today's policies have one and the loop trains on the kept samples as they are)
+around a real producer actor that
 samples with the real Hugging Face engine, for several steps; it records what each step
 saw and asserts in a separate phase afterwards (so an assertion cannot stop the pipeline
 half way and leave it looking consistent). Counts are compared as ``Counter`` of sample ids:
@@ -21,18 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from same_run import assert_same_steps
 
 from posttrain.algorithms import async_grpo, grpo, grpo_step
+from posttrain.algorithms.async_actors import RolloutBufferClient, RolloutProducerClient
 from posttrain.algorithms.loss_functions import ClippedPGLoss
-from posttrain.algorithms.rollout_producer import start_rollout_producer
 from posttrain.config import load_config
 from posttrain.data.datasets import load_problems
 from posttrain.errors import BufferTimeoutError, ConfigError
 from posttrain.models.policy import lm_policy
-from posttrain.rollouts.buffer import BufferStatus, start_rollout_buffer
+from posttrain.rollouts.buffer import BufferStatus
 from posttrain.rollouts.fan_out import shard_for_data_parallel
 from posttrain.rollouts.filters import StalenessFilter
 from posttrain.rollouts.samples import RolloutSample
@@ -83,8 +85,8 @@ def test_claim_filter_fan_out_clear_with_a_real_producer(hf_runtime) -> None:
     loss_fn = ClippedPGLoss(clip_eps=cfg.grpo.clip_eps)
     refit(rt.policy, rt.engine)  # the module's runtime may have been trained by another test
     first_version = rt.policy.weight_version
-    buffer = start_rollout_buffer(async_grpo.buffer_capacity(cfg))
-    producer = start_rollout_producer(rt.engine, buffer, rt.model_path, train_problems, cfg, 1)
+    buffer = RolloutBufferClient(async_grpo.buffer_capacity(cfg))
+    producer = RolloutProducerClient(rt.engine, buffer, rt.model_path, train_problems, cfg, 1)
     records: list[StepRecord] = []
     try:  # phase 1: run the pipeline, record everything
         for step in range(1, STEPS + 1):
@@ -95,17 +97,16 @@ def test_claim_filter_fan_out_clear_with_a_real_producer(hf_runtime) -> None:
             fanned = [s for shard in shards for s in shard]
             if fanned:  # as the loop: a step whose samples were all dropped trains on nothing
                 grpo_step.learn(rt, async_grpo.to_rollouts(fanned), cfg, loss_fn, Timer(), version, off_policy=True)
-            ray.get(buffer.clear.remote([s["sample_id"] for s in fanned], "consumed"))
-            ray.get(buffer.clear.remote([s["sample_id"] for s in dropped], "dropped"))
-            ray.get(producer.pause.remote())
+            buffer.clear(consumed=fanned, dropped=dropped)
+            producer.pause()
             refit(rt.policy, rt.engine)
-            ray.get(producer.resume.remote(step))
-            records.append(StepRecord(step, version, claimed, kept, dropped, shards, ray.get(buffer.status.remote())))
-        ray.get(producer.pause.remote())
-        final = ray.get(buffer.status.remote())
+            producer.resume(step)
+            records.append(StepRecord(step, version, claimed, kept, dropped, shards, buffer.status()))
+        producer.pause()
+        final = buffer.status()
     finally:
-        ray.kill(producer)
-        ray.kill(buffer)
+        producer.kill()
+        buffer.kill()
 
     # phase 2: the assertions
     every_id = Counter(range(STEPS * N))  # the producer's ids for steps 1..STEPS, each once
@@ -234,14 +235,14 @@ def test_a_failing_producer_reaches_the_trainer_as_one_line_at_once(ray_cluster,
     train_problems, _ = load_problems(cfg.data)
     for error, expected in ((RuntimeError("CUDA out of memory\nmore"), ProducerError),
                             (StaleWeightsError("engines disagree"), StaleWeightsError)):
-        buffer = start_rollout_buffer(async_grpo.buffer_capacity(cfg))
-        producer = start_rollout_producer(BrokenEngine(error), buffer, tiny_model_path, train_problems, cfg, 1)
+        buffer = RolloutBufferClient(async_grpo.buffer_capacity(cfg))
+        producer = RolloutProducerClient(BrokenEngine(error), buffer, tiny_model_path, train_problems, cfg, 1)
         try:
             with pytest.raises(expected) as caught:
                 async_grpo.claim_step(buffer, producer, N, timeout_s=300)
         finally:
-            ray.kill(producer)
-            ray.kill(buffer)
+            producer.kill()
+            buffer.kill()
         message = str(caught.value)
         assert "\n" not in message and message.startswith("the rollout producer, sampling step 1"), message
         assert type(caught.value) is expected and str(error).splitlines()[0] in message

@@ -694,6 +694,13 @@ MUTANTS: tuple[Mutant, ...] = (
              "from posttrain.testing.rules import interpreter as metric_rules"),),
            ("tests/unit/testing/test_toolkit_distribution.py::"
             "test_the_toolkit_installs_alone_and_its_command_and_api_refuse_a_vacuous_rule",), klass="harness"),
+    Mutant("buffer_client_swaps_outcomes", "the async loop's buffer handle clears the dropped samples as consumed: "
+           "the buffer's record says stale samples were trained on",
+           "posttrain/algorithms/async_actors.py",
+           (('self.actor.clear.remote([s["sample_id"] for s in dropped], "dropped")',
+             'self.actor.clear.remote([s["sample_id"] for s in dropped], "consumed")'),),
+           ("tests/unit/rollouts/test_rollout_buffer.py::"
+            "test_the_loops_handle_clears_each_sample_as_what_happened_to_it",), klass="async"),
     Mutant("api_skips_vacuity_check", "the public check_rules never runs the vacuity check the CLI runs: a rule "
            "true of every run passes when called from Python",
            "posttrain/testing/rules/checker.py",

@@ -409,3 +409,26 @@ def test_claiming_a_one_sample_group_ahead_of_a_bigger_group_splits_nothing() ->
         assert ids(await buf.claim(2)) == [1, 2]
 
     _run(scenario)
+
+
+def test_the_loops_handle_clears_each_sample_as_what_happened_to_it(ray_cluster) -> None:
+    """``RolloutBufferClient``, as the async loop uses it: a step's claim cleared as the kept
+    (consumed) and the stale (dropped) samples, each id under its own outcome; a claim that
+    times out is the buffer's own one-line error."""
+    from posttrain.algorithms.async_actors import RolloutBufferClient
+
+    buffer = RolloutBufferClient(capacity=16)
+    try:
+        import ray
+
+        ray.get(buffer.actor.put.remote(make_group(0, GROUP) + make_group(1, GROUP)))
+        claimed = buffer.claim(2 * GROUP, timeout_s=10)
+        kept, dropped = claimed[:GROUP], claimed[GROUP:]
+        buffer.clear(consumed=kept, dropped=dropped)
+        status = buffer.status()
+        assert (status.consumed_ids, status.dropped_ids) == (frozenset(ids(kept)), frozenset(ids(dropped)))
+        assert status.size == 0
+        with pytest.raises(BufferTimeoutError):
+            buffer.claim(GROUP, timeout_s=0.1)
+    finally:
+        buffer.kill()
