@@ -19,7 +19,7 @@ from posttrain.config import (
     resolve_precision,
 )
 from posttrain.data.chat import ChatEncoder
-from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
+from posttrain.distributed.transport import Cluster, current_transport
 from posttrain.errors import ConfigError
 from posttrain.models.generation.backends import create_generation, num_bundles, resolve_backend
 from posttrain.models.generation.engine_group import EngineGroup
@@ -42,7 +42,7 @@ class Runtime:
 
     model_path: str
     tokenizer: Any
-    cluster: RayVirtualCluster
+    cluster: Cluster
     policy: Policy
     generation: Generation | None
     chat: ChatEncoder
@@ -123,10 +123,11 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     # A missing vLLM extra: one line, before Ray starts (and no check when nothing generates).
     backend = resolve_backend(generation.backend) if with_generation else None
-    init_ray(address=cluster.address, num_cpus=cluster.num_cpus, num_gpus=cluster.num_gpus)
+    transport = current_transport()  # Ray, unless the caller chose another (distributed/transport.py)
+    transport.start(cluster.address, cluster.num_cpus, cluster.num_gpus)
     policy_workers = num_policy_workers(worker_cfg)
     bundles = num_bundles(generation, backend, policy_workers) if backend else policy_workers
-    vc = RayVirtualCluster(bundles, num_cpus=cluster.cpus_per_worker, num_gpus=cluster.gpus_per_worker)
+    vc = transport.cluster(bundles, cluster.cpus_per_worker, cluster.gpus_per_worker)
     gen: EngineGroup | None = None
     try:
         pol = Policy(vc, model_path, worker_cfg, seed, bundle_indices=list(range(policy_workers)))

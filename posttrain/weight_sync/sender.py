@@ -17,16 +17,9 @@ from typing import Any
 import torch
 
 from posttrain.data.batch import TokenBatch
+from posttrain.distributed.transport import object_store_put
 from posttrain.weight_sync.broadcast import WeightBroadcast, serve_store
 from posttrain.weight_sync.transport import CudaIpcWeights, gpu_uuid, node_ip
-
-
-def object_store_put(value: Any) -> Any:
-    """``ray.put(value)``: the object-store reference of ``value`` (a seam: the in-process test
-    harness, which runs workers without Ray, makes it the identity)."""
-    import ray
-
-    return ray.put(value)
 
 
 class WeightSender:

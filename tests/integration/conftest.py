@@ -7,6 +7,6 @@ from in_process import InProcess
 
 
 @pytest.fixture
-def in_process(monkeypatch: pytest.MonkeyPatch) -> InProcess:
+def in_process() -> InProcess:
     """Training loops run in this process with every worker call recorded (``in_process.py``)."""
-    return InProcess(monkeypatch)
+    return InProcess()

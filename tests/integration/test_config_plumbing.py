@@ -85,7 +85,7 @@ def runner(tiny_model_path, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(grpo_step, "math_reward", low_digit_reward)
-        yield Runner(InProcess(mp), tiny_model_path, tmp_path_factory.mktemp("plumbing"),
+        yield Runner(InProcess(), tiny_model_path, tmp_path_factory.mktemp("plumbing"),
                      AutoTokenizer.from_pretrained(tiny_model_path))
 
 

@@ -131,7 +131,7 @@ def run_grpo(model_path, log_dir, tokenizer, *overrides: str):
                 "grpo.num_steps=3", "grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=4",
                 "generation.max_new_tokens=6", "data.arithmetic.num_val=9", "grpo.val_period=0",
                 "policy.lr=1e-2", "generation.refit_probe.max_logprob_error=0.1"]
-        return InProcess(mp).run(grpo, GRPO_YAML, base + list(overrides), engine_transforms(tokenizer))
+        return InProcess().run(grpo, GRPO_YAML, base + list(overrides), engine_transforms(tokenizer))
 
 
 @pytest.fixture(scope="module")
@@ -309,16 +309,15 @@ def test_grpo_validation_accuracy_is_the_fraction_of_right_answers(grpo_run, tok
 
 @pytest.fixture(scope="module")
 def sft_run(tiny_model_path, tmp_path_factory, tokenizer):
-    with pytest.MonkeyPatch.context() as mp:
-        from in_process import InProcess
+    from in_process import InProcess
 
-        overrides = [f"model.path={tiny_model_path}", f"logger.log_dir={tmp_path_factory.mktemp('sft')}",
-                     "sft.num_steps=3", "sft.batch_size=8", "sft.val_period=2", "sft.val_loss_size=6",
-                     "data.arithmetic.num_val=9", "policy.lr=1e-2", "policy.warmup_steps=0",
-                     "generation.refit_probe.max_logprob_error=0.1",
-                     "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2"]
-        run = InProcess(mp).run(sft, SFT_YAML, overrides, engine_transforms(tokenizer))
-        yield run, run.cfg, tiny_model_path
+    overrides = [f"model.path={tiny_model_path}", f"logger.log_dir={tmp_path_factory.mktemp('sft')}",
+                 "sft.num_steps=3", "sft.batch_size=8", "sft.val_period=2", "sft.val_loss_size=6",
+                 "data.arithmetic.num_val=9", "policy.lr=1e-2", "policy.warmup_steps=0",
+                 "generation.refit_probe.max_logprob_error=0.1",
+                 "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2"]
+    run = InProcess().run(sft, SFT_YAML, overrides, engine_transforms(tokenizer))
+    yield run, run.cfg, tiny_model_path
 
 
 def test_sft_train_step_metrics_equal_an_independent_replay(sft_run) -> None:

@@ -701,6 +701,14 @@ MUTANTS: tuple[Mutant, ...] = (
              'self.actor.clear.remote([s["sample_id"] for s in dropped], "consumed")'),),
            ("tests/unit/rollouts/test_rollout_buffer.py::"
             "test_the_loops_handle_clears_each_sample_as_what_happened_to_it",), klass="async"),
+    Mutant("in_process_shares_arguments", "the in-process transport hands workers the caller's own objects: a "
+           "worker that edits its input edits the driver's, which Ray's serialization never allows (an "
+           "in-process test then passes where a real run differs)",
+           "posttrain/distributed/transport.py",
+           (("        return copied(getattr(self.workers[rank], method)(*copied(args), **copied(kwargs)))",
+             "        return copied(getattr(self.workers[rank], method)(*args, **kwargs))"),),
+           ("tests/unit/distributed/test_transport.py::"
+            "test_an_in_process_group_runs_any_worker_class_and_copies_what_crosses_it",), klass="harness"),
     Mutant("api_skips_vacuity_check", "the public check_rules never runs the vacuity check the CLI runs: a rule "
            "true of every run passes when called from Python",
            "posttrain/testing/rules/checker.py",

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from posttrain.config import ClusterConfig, GenerationConfig, GenerationWorkerConfig, Precision
-from posttrain.distributed.ray_cluster import RayVirtualCluster
+from posttrain.distributed.transport import Cluster
 from posttrain.errors import ConfigError
 from posttrain.models.generation.engine_group import EngineGroup
 
@@ -107,7 +107,7 @@ def num_bundles(cfg: GenerationConfig, backend: str, policy_workers: int = 1) ->
     return policy_workers if colocated else policy_workers + cfg.num_workers
 
 
-def create_generation(cfg: GenerationConfig, cluster_cfg: ClusterConfig, cluster: RayVirtualCluster,
+def create_generation(cfg: GenerationConfig, cluster_cfg: ClusterConfig, cluster: Cluster,
                       model_path: str, backend: str, seed: int,
                       policy_workers: int = 1, precision: Precision = "fp32", tf32: bool = True) -> EngineGroup:
     """Start the engines of ``backend`` on ``cluster`` (bundles ``0 .. policy_workers - 1``

@@ -17,9 +17,9 @@ import ray
 import torch
 
 from posttrain.config import GenerationWorkerConfig
-from posttrain.distributed.ray_cluster import RayVirtualCluster
 from posttrain.distributed.sharding import contiguous_shards
-from posttrain.distributed.worker_group import Pending, RayWorkerGroup
+from posttrain.distributed.transport import Cluster, current_transport
+from posttrain.distributed.worker_group import Pending
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.models.generation.sharding import gather_outputs
 from posttrain.weight_sync.receipt import ProbeRequest, RefitReceipt, agreed_version, gather_receipts
@@ -45,10 +45,10 @@ class EngineGroup:
     :meth:`wait_ready` collects their start-up, so the policy can start meanwhile.
     """
 
-    def __init__(self, cluster: RayVirtualCluster, worker_cls: Any, model_path: str, cfg: GenerationWorkerConfig,
+    def __init__(self, cluster: Cluster, worker_cls: Any, model_path: str, cfg: GenerationWorkerConfig,
                  bundle_indices: list[int], reserve: bool = True, who: str = "generation engines"):
-        self.group = RayWorkerGroup(cluster, worker_cls, model_path, cfg, bundle_indices=bundle_indices,
-                                    reserve=reserve)
+        self.group = current_transport().group(cluster, worker_cls, model_path, cfg, bundle_indices=bundle_indices,
+                                               reserve=reserve)
         self.model_path = model_path
         self.group_cfg = cfg
         self.who = who

@@ -15,8 +15,8 @@ import torch
 
 from posttrain.config import PolicyConfig, PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch
-from posttrain.distributed.ray_cluster import RayVirtualCluster
-from posttrain.distributed.worker_group import Pending, RayWorkerGroup
+from posttrain.distributed.transport import Cluster, current_transport
+from posttrain.distributed.worker_group import Pending
 from posttrain.errors import ConfigError
 from posttrain.models.policy.hf_policy_worker import HfPolicyWorker
 from posttrain.models.policy.interfaces import LossFn, TrainResult
@@ -69,7 +69,7 @@ class Policy:
         bundle_indices: which bundles the workers take, one each (``num_policy_workers(cfg)`` of them).
     """
 
-    def __init__(self, cluster: RayVirtualCluster, model_path: str, cfg: PolicyWorkerConfig, seed: int,
+    def __init__(self, cluster: Cluster, model_path: str, cfg: PolicyWorkerConfig, seed: int,
                  bundle_indices: list[int] | None = None):
         indices = bundle_indices if bundle_indices is not None else [0]
         if len(indices) != num_policy_workers(cfg):
@@ -77,10 +77,12 @@ class Policy:
         if cfg.backend == "megatron":
             from posttrain.models.policy.megatron_policy_worker import MegatronPolicyWorker
 
-            self.group = RayWorkerGroup(cluster, MegatronPolicyWorker, model_path, cfg, seed, bundle_indices=indices,
-                                        init_method=cluster.rendezvous_address(indices[0]))
+            self.group = current_transport().group(cluster, MegatronPolicyWorker, model_path, cfg, seed,
+                                                   bundle_indices=indices,
+                                                   init_method=cluster.rendezvous_address(indices[0]))
         else:
-            self.group = RayWorkerGroup(cluster, HfPolicyWorker, model_path, cfg, seed, bundle_indices=indices)
+            self.group = current_transport().group(cluster, HfPolicyWorker, model_path, cfg, seed,
+                                                   bundle_indices=indices)
         self.model_path = model_path
         self.backend = cfg.backend
         self.lora_cfg = cfg.lora

@@ -25,8 +25,8 @@ from posttrain.config import (
     resolve_precision,
 )
 from posttrain.data.batch import make_batch
+from posttrain.distributed.transport import InProcessTransport, use_transport
 from posttrain.models.generation.hf_generation_worker import HfGenerationWorkerImpl
-from posttrain.weight_sync import sender
 from posttrain.weight_sync.probe import PROBE_BOUNDS, RefitProbe
 
 
@@ -107,12 +107,16 @@ def test_bf16_mixed_computes_in_bf16_over_fp32_master_weights(tiny_model_path) -
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16-mixed"])
-def test_a_refit_sends_the_engine_dtype_and_a_tied_embedding_once(tiny_model_path, precision, monkeypatch) -> None:
+def test_a_refit_sends_the_engine_dtype_and_a_tied_embedding_once(tiny_model_path, precision) -> None:
     """What ``put_weights`` hands the object store is what the engine loads: its dtype, the
     tied output embedding as the very tensor of the input embedding (pickled once), and after
     loading the engine scores the probe within the precision's bound while a stale engine
-    does not."""
-    monkeypatch.setattr(sender, "object_store_put", lambda value: value)
+    does not. In-process (no object store): the put hands back the weights themselves."""
+    with use_transport(InProcessTransport()):
+        _check_refit_dtype_and_tied_embedding(tiny_model_path, precision)
+
+
+def _check_refit_dtype_and_tied_embedding(tiny_model_path: str, precision: str) -> None:
     w = worker(tiny_model_path, precision)
     engine = HfGenerationWorkerImpl(tiny_model_path, GenerationWorkerConfig(dtype=engine_dtype(precision)))
     assert w.model.config.tie_word_embeddings

@@ -1,0 +1,228 @@
+"""Where the workers run: Ray actors (the default) or this process.
+
+A run's start-up asks the current transport for three things: to start (Ray's node), a
+cluster (the reservation of bundles), and worker groups placed on it. :class:`RayTransport` is
+Ray. :class:`InProcessTransport` constructs the same worker classes in this process and calls
+them directly, copying arguments and results through pickle as Ray's serialization would, so
+a worker cannot reach into the driver's objects; tests run the real loops with it in about a
+second and record every worker call (``tests/integration/in_process.py``). The transport is
+chosen at set-up, never patched in::
+
+    with use_transport(InProcessTransport()):
+        grpo.train(cfg)
+
+A worker that hands the driver a reference to a large value (the refit's weights) asks the
+transport of its own process (:func:`object_store_put`): inside a Ray actor that is Ray's
+object store, in-process the value itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import pickle
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
+from posttrain.distributed.worker_group import RayWorkerGroup
+
+
+class WorkerGroup(Protocol):
+    """What the driver classes (``Policy``, ``EngineGroup``) call on a group of workers."""
+
+    name: str
+    workers: list[Any]  # the actor handles (Ray) or the worker objects (in-process), in rank order
+
+    def wait_ready(self, who: str) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
+
+    def submit_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
+
+    def gather(self, refs: list[Any], method: str) -> list[Any]: ...
+
+    def share(self, value: Any) -> Any: ...
+
+    def run_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]: ...
+
+    def submit_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]: ...
+
+    def shutdown(self) -> None: ...
+
+
+class Cluster(Protocol):
+    """A reservation of ``num_bundles`` identical bundles (``bundle``: resources of each)."""
+
+    num_bundles: int
+    bundle: dict[str, float]
+
+    def rendezvous_address(self, bundle_index: int = 0) -> str: ...
+
+    def shutdown(self) -> None: ...
+
+
+class Transport(Protocol):
+    """Starts the workers' world, reserves bundles and places worker groups on them."""
+
+    def start(self, address: str | None, num_cpus: int | None, num_gpus: int | None) -> None: ...
+
+    def cluster(self, num_bundles: int, num_cpus: float, num_gpus: float) -> Cluster: ...
+
+    def group(self, cluster: Cluster, actor_cls: Any, *args: Any, bundle_indices: Sequence[int] | None = None,
+              reserve: bool = True, **kwargs: Any) -> WorkerGroup: ...
+
+    def put(self, value: Any) -> Any:
+        """A reference the driver can pass on to other workers without holding ``value``."""
+        ...
+
+
+class RayTransport:
+    """Ray: ``init_ray``, a placement group (``RayVirtualCluster``), an actor per worker."""
+
+    def start(self, address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:
+        init_ray(address=address, num_cpus=num_cpus, num_gpus=num_gpus)
+
+    def cluster(self, num_bundles: int, num_cpus: float, num_gpus: float) -> Cluster:
+        return RayVirtualCluster(num_bundles, num_cpus=num_cpus, num_gpus=num_gpus)
+
+    def group(self, cluster: Cluster, actor_cls: Any, *args: Any, bundle_indices: Sequence[int] | None = None,
+              reserve: bool = True, **kwargs: Any) -> WorkerGroup:
+        if not isinstance(cluster, RayVirtualCluster):
+            raise TypeError(f"a Ray worker group needs a RayVirtualCluster, got {type(cluster).__name__}")
+        return RayWorkerGroup(cluster, actor_cls, *args, bundle_indices=bundle_indices, reserve=reserve, **kwargs)
+
+    def put(self, value: Any) -> Any:
+        import ray
+
+        return ray.put(value)
+
+
+def copied(value: Any) -> Any:
+    """``value`` as the other side of a Ray call receives it: a deep copy through pickle."""
+    return pickle.loads(pickle.dumps(value))
+
+
+def worker_class(actor_cls: Any) -> type:
+    """The class a ``ray.remote`` wrapper wraps (the worker as written, before Ray's changes)."""
+    return actor_cls.__ray_metadata__.modified_class.__bases__[0]
+
+
+class InProcessCluster:
+    """A reservation that reserves nothing: the bundles it was asked for, remembered."""
+
+    def __init__(self, num_bundles: int, num_cpus: float = 1.0, num_gpus: float = 0.0):
+        self.num_bundles = num_bundles
+        self.bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
+
+    def rendezvous_address(self, bundle_index: int = 0) -> str:
+        raise NotImplementedError("in-process workers form no torch.distributed group (a Megatron policy needs Ray)")
+
+    def shutdown(self) -> None:
+        pass
+
+
+class InProcessWorkerGroup:
+    """``RayWorkerGroup``'s calls on workers constructed in this process, one per bundle index.
+
+    Every call runs now, in rank order; ``submit_*`` return the results and :meth:`gather` hands
+    them back. Arguments and results are copied (:func:`copied`). The process's torch thread
+    count is kept: a worker's constructor sets its own.
+    """
+
+    def __init__(self, cluster: Cluster, actor_cls: Any, *args: Any, bundle_indices: Sequence[int] | None = None,
+                 reserve: bool = True, **kwargs: Any):
+        cls = worker_class(actor_cls)
+        self.name = cls.__name__
+        indices = list(bundle_indices) if bundle_indices is not None else list(range(cluster.num_bundles))
+        threads = torch.get_num_threads()
+        self.workers: list[Any] = []
+        for rank, _ in enumerate(indices):
+            self.workers.append(self.construct(cls, rank, copied(args), copied(kwargs)))
+            torch.set_num_threads(threads)
+
+    def construct(self, cls: type, rank: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Worker ``rank`` of the group (a subclass may record it)."""
+        return cls(*args, rank=rank, **kwargs)
+
+    def call(self, rank: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``method(*args, **kwargs)`` on worker ``rank``, arguments and result copied (a subclass may record it)."""
+        return copied(getattr(self.workers[rank], method)(*copied(args), **copied(kwargs)))
+
+    def wait_ready(self, who: str) -> None:
+        """The constructors ran in ``__init__``: an error there already surfaced."""
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return [self.call(rank, method, args, kwargs) for rank in range(len(self.workers))]
+
+    def submit_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return self.run_all(method, *args, **kwargs)
+
+    def gather(self, refs: list[Any], method: str) -> list[Any]:
+        return refs
+
+    def share(self, value: Any) -> Any:
+        """No object store: every call gets its own copy anyway."""
+        return value
+
+    def run_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]:
+        for shard_list in shards:
+            if len(shard_list) != len(self.workers):
+                raise ValueError(f"{len(shard_list)} shards for {len(self.workers)} workers")
+        return [self.call(rank, method, tuple(s[rank] for s in shards), kwargs) for rank in range(len(self.workers))]
+
+    def submit_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]:
+        return self.run_sharded(method, *shards, **kwargs)
+
+    def shutdown(self) -> None:
+        self.workers = []
+
+
+class InProcessTransport:
+    """Workers in this process (see the module doc); starts nothing, reserves nothing."""
+
+    def start(self, address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:
+        pass
+
+    def cluster(self, num_bundles: int, num_cpus: float, num_gpus: float) -> Cluster:
+        return InProcessCluster(num_bundles, num_cpus, num_gpus)
+
+    def group(self, cluster: Cluster, actor_cls: Any, *args: Any, bundle_indices: Sequence[int] | None = None,
+              reserve: bool = True, **kwargs: Any) -> WorkerGroup:
+        return InProcessWorkerGroup(cluster, actor_cls, *args, bundle_indices=bundle_indices, reserve=reserve,
+                                    **kwargs)
+
+    def put(self, value: Any) -> Any:
+        return value
+
+
+_RAY = RayTransport()
+_CURRENT: contextvars.ContextVar[Transport | None] = contextvars.ContextVar("posttrain_transport", default=None)
+
+
+def current_transport() -> Transport:
+    """The transport of this process's run set-up (:class:`RayTransport` unless :func:`use_transport` says)."""
+    return _CURRENT.get() or _RAY
+
+
+@contextlib.contextmanager
+def use_transport(transport: Transport) -> Iterator[Transport]:
+    """Inside the block, runs set up (and their workers put) through ``transport``."""
+    token = _CURRENT.set(transport)
+    try:
+        yield transport
+    finally:
+        _CURRENT.reset(token)
+
+
+def object_store_put(value: Any) -> Any:
+    """``value`` put where the driver can pass it on without holding it: this process's
+    transport's :meth:`Transport.put` (a Ray actor: the object store; in-process: the value)."""
+    return current_transport().put(value)
