@@ -44,3 +44,16 @@ def test_the_data_defaults_lie_inside_the_repository() -> None:
         path = Path(value).resolve()
         assert path.is_relative_to(ROOT) and path.is_file(), value
     assert (Path(cfg.gsm8k_train_path).parent / "LICENSE").is_file()
+
+
+def test_every_package_folder_ships_in_a_built_wheel():
+    """pyproject.toml finds packages with setuptools' ``packages.find``, which skips a folder
+    without an ``__init__.py``: an editable install (uv run) still imports it, a built wheel (the
+    container's install) silently lacks it. Every source folder of ``posttrain`` must be found."""
+    from setuptools import find_packages
+
+    root = Path(__file__).resolve().parents[2]
+    folders = {p.parent.relative_to(root).as_posix().replace("/", ".")
+               for p in (root / "posttrain").rglob("*.py") if "__pycache__" not in p.parts}
+    missing = folders - set(find_packages(str(root), include=["posttrain*"]))
+    assert not missing, f"no __init__.py, so not in a built wheel: {sorted(missing)}"
