@@ -43,9 +43,11 @@ class RolloutBufferClient:
                        self.actor.clear.remote([s["sample_id"] for s in dropped], "dropped")])
 
     def status(self) -> BufferStatus:
+        """A snapshot of the buffer's counts and cleared ids."""
         return get_unwrapped([self.actor.status.remote()])[0]
 
     def kill(self) -> None:
+        """End the actor (its samples go with it)."""
         ray.kill(self.actor)
 
 
@@ -76,4 +78,5 @@ class RolloutProducerClient:
         get_unwrapped([self.actor.resume.remote(trained)])
 
     def kill(self) -> None:
+        """End the actor and its sampling thread."""
         ray.kill(self.actor)

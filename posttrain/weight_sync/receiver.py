@@ -82,9 +82,12 @@ class WeightReceiver:
         raise NotImplementedError
 
     def weight_version(self) -> int:
+        """The weight version the engine generates with now, read from the engine itself."""
         raise NotImplementedError
 
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
+        """Teacher-forced logprobs of ``completions`` at ``temperature``, one row per completion
+        (``Generation.score``): the probe's engine side after a refit."""
         raise NotImplementedError
 
     def _loading(self) -> AbstractContextManager[None]:

@@ -38,13 +38,16 @@ class RefitTarget(Protocol):
         ...
 
     @property
-    def num_engines(self) -> int: ...
+    def num_engines(self) -> int:
+        """Engines in the group (ranks 1..N of a broadcast group)."""
+        ...
 
     def gpu_uuids(self) -> list[str | None]:
         """Each engine's GPU (None: a CPU), in rank order."""
         ...
 
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
+        """Teacher-forced logprobs, sharded over the engines (the probe asks when not handed rows)."""
         ...
 
     def update_weights(self, weights: Any, version: int, probe: ProbeRequest | None = None) -> RefitReceipt:
@@ -64,7 +67,9 @@ class RefitSource(Protocol):
     """The policy, as a refit reads it from the driver."""
 
     @property
-    def weight_version(self) -> int: ...
+    def weight_version(self) -> int:
+        """The trainer's weight version: the one the engines must read back after the refit."""
+        ...
 
     #: the engine group the policy's broadcast group was set up with (None: none yet)
     broadcast_peer: RefitTarget | None
@@ -76,6 +81,7 @@ class RefitSource(Protocol):
         ...
 
     def get_logprobs(self, batch: TokenBatch, reference: bool = False, whole_vocab: bool = False) -> torch.Tensor:
+        """``[B, L]`` float32 logprobs (the probe's trainer side when the send did not score it)."""
         ...
 
     def put_weights(self, probe: TokenBatch | None = None, cuda_ipc: bool = False) -> tuple[Any, torch.Tensor | None]:
@@ -86,7 +92,9 @@ class RefitSource(Protocol):
         """Rank 0 serves a broadcast group's store: its ``(host, port)``."""
         ...
 
-    def start_joining_broadcast(self, world_size: int, timeout_s: float) -> Pending[None]: ...
+    def start_joining_broadcast(self, world_size: int, timeout_s: float) -> Pending[None]:
+        """Rank 0 joins the group it serves as the sender (rank 0), started, not waited for."""
+        ...
 
     def start_broadcast(self, bucket_bytes: int,
                         probe: TokenBatch | None = None) -> Pending[tuple[torch.Tensor | None, int, int]]:

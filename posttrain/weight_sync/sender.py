@@ -37,6 +37,7 @@ class WeightSender:
         raise NotImplementedError
 
     def get_logprobs(self, batch: TokenBatch, reference: bool = False, whole_vocab: bool = False) -> torch.Tensor:
+        """``[B, L]`` float32 completion logprobs (``PolicyWorkerBase.get_logprobs``)."""
         raise NotImplementedError
 
     def refit_dtype(self) -> torch.dtype:
