@@ -67,8 +67,10 @@ def toolkit_venv(tmp_path_factory) -> Path:
     pins = root / "constraints.txt"
     pins.write_text("".join(f"{d.metadata['Name']}=={d.version}\n" for d in importlib.metadata.distributions()
                             if d.metadata["Name"] and d.metadata["Name"] != "posttrain"))
-    installed = _run([uv, "pip", "install", "-q", "-p", str(python), "-c", str(pins), str(TOOLKIT)], cwd=root,
-                     check=False)
+    # --refresh-package: uv reuses a local directory's build until its pyproject.toml changes, and the
+    # sources here are ../posttrain/testing: without it an edited toolkit would be tested stale
+    installed = _run([uv, "pip", "install", "-q", "-p", str(python), "-c", str(pins),
+                      "--refresh-package", "posttrain-testing", str(TOOLKIT)], cwd=root, check=False)
     offline = ("error sending request", "Failed to fetch", "dns error", "Network is unreachable", "offline")
     if installed.returncode != 0 and any(cause in installed.stderr + installed.stdout for cause in offline):
         pytest.skip("no package index reachable and uv's cache lacks rich/pytest/hatchling: "
