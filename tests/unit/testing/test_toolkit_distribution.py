@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -45,8 +46,14 @@ print(json.dumps({"statuses": [r.status for r in results], "import_s": seconds,
 """
 
 
+def _isolated_env() -> dict[str, str]:
+    """This environment without what would let the venv import from elsewhere: ``PYTHONPATH``
+    (run_mutants.py and the GPU device put a checkout there), ``PYTHONHOME``, ``VIRTUAL_ENV``."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+
+
 def _run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=_isolated_env())
     if check and result.returncode != 0:
         raise AssertionError(f"{cmd[:3]} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result
@@ -89,7 +96,7 @@ def test_the_toolkit_installs_alone_and_its_command_and_api_refuse_a_vacuous_rul
     assert command.returncode == 1, command.stdout + command.stderr  # the vacuous rule fails the run
     cli = [row["status"] for row in json.loads(report.read_text())]
     assert cli == ["VACUOUS", "PASS"], command.stdout
-    probe = _run([str(toolkit_venv / "python"), "-P", "-c", PROBE, str(metrics), json.dumps(RULES),
+    probe = _run([str(toolkit_venv / "python"), "-I", "-c", PROBE, str(metrics), json.dumps(RULES),
                   json.dumps(HEAVY)], cwd=tmp_path)
     api = json.loads(probe.stdout)
     assert api["statuses"] == cli  # the Python API judges as the command does
