@@ -76,8 +76,13 @@ def copy_repo(dest: Path, ref: str | None = None) -> None:
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
         return
     listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, check=True).stdout.decode()
-    for name in filter(None, listed.split("\0")):
+                            capture_output=True)
+    if listed.returncode == 0:
+        names = list(filter(None, listed.stdout.decode().split("\0")))
+    else:  # not a git checkout: a copy this script made (its own tests run in it), whose files are all wanted
+        names = [p.relative_to(REPO).as_posix() for p in REPO.rglob("*")
+                 if p.is_file() and "__pycache__" not in p.parts and ".venv" not in p.parts]
+    for name in names:
         src = REPO / name
         if src.is_file() and not _not_copied(name):
             (dest / name).parent.mkdir(parents=True, exist_ok=True)

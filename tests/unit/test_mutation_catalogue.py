@@ -72,6 +72,21 @@ def test_the_copy_holds_what_tests_read_besides_the_code(tmp_path) -> None:
     assert not list((tmp_path / "tests" / "unit").glob("unit_results*.json"))
 
 
+def test_a_copy_of_a_copy_holds_the_same_files(tmp_path, monkeypatch) -> None:
+    """The catalogue's own tests run inside a copy (the whole-tier fallback), where there is no
+    git checkout to list: copying it again must still give every file, or a surviving mutant
+    would end the run as an error instead of being reported."""
+    import run_mutants
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    run_mutants.copy_repo(first)
+    monkeypatch.setattr(run_mutants, "REPO", first)
+    run_mutants.copy_repo(second)
+    files = {p.relative_to(first).as_posix() for p in first.rglob("*") if p.is_file()}
+    assert files and files == {p.relative_to(second).as_posix() for p in second.rglob("*") if p.is_file()}
+
+
 @pytest.mark.parametrize(("unpatched_exit", "counts"), [(0, True), (1, False)])
 def test_a_whole_tier_catch_counts_only_if_the_test_passes_without_the_mutant(tmp_path, monkeypatch, unpatched_exit,
                                                                               counts) -> None:
