@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -72,8 +73,15 @@ def toolkit_venv(tmp_path_factory) -> Path:
     # the toolkit's metadata keeps ranges (it joins other stacks' environments); the test resolves
     # to this environment's versions, so its verdict does not move with a new release of rich
     pins = root / "constraints.txt"
-    pins.write_text("".join(f"{d.metadata['Name']}=={d.version}\n" for d in importlib.metadata.distributions()
-                            if d.metadata["Name"] and d.metadata["Name"] != "posttrain"))
+    versions: dict[str, str] = {}
+    # this environment's installed packages only: an imported setuptools puts its vendored copies
+    # (packaging 24.2, ...) on sys.path, and pinning those too left no solution
+    site = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
+    for dist in importlib.metadata.distributions(path=[str(p) for p in site]):
+        name = (dist.metadata["Name"] or "").lower()
+        if name and name != "posttrain":
+            versions.setdefault(name, dist.version)
+    pins.write_text("".join(f"{name}=={version}\n" for name, version in versions.items()))
     # --refresh-package: uv reuses a local directory's build until its pyproject.toml changes, and the
     # sources here are ../posttrain/testing: without it an edited toolkit would be tested stale
     installed = _run([uv, "pip", "install", "-q", "-p", str(python), "-c", str(pins),
