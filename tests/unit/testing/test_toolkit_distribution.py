@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 import pytest
@@ -124,6 +123,5 @@ def test_the_toolkit_wheel_holds_the_librarys_own_toolkit_sources(toolkit_venv):
                for p in (REPO / "posttrain" / "testing").rglob("*.py")}
     assert installed == sources
     assert not (site / "posttrain" / "__init__.py").exists()  # a namespace portion: it installs alone
-    started = time.perf_counter()
     help_text = _run([str(toolkit_venv / "check-metrics"), "--help"], cwd=site).stdout
-    assert "usage:" in help_text and time.perf_counter() - started < 60
+    assert "usage:" in help_text

@@ -110,6 +110,20 @@ def toy_runtime(ray_cluster, tiny_model_path, toy_backend):
     rt.shutdown()
 
 
+# Bounds of the two probe checks below, measured as in these tests: 3 seeds x 3 steps x both
+# transports of this module's set-up (2 toy engines, fp32, lr 1e-2), on this 2-core AMD EPYC (Nov 26):
+#
+#   after a refit (n=18):          train/refit_logprob_error  max 0.0, median 0.0 (same weights, same
+#                                  forward code: bit-identical)
+#   one train step stale (n=9):    min 0.867, median 0.885
+#
+# The healthy side is exact, so 1e-5 leaves room for any reduction-order change; the stale side is
+# judged by the probe's own calibrated fp32 bound (``rt.probe.bound``, 1e-3: 867x below the least
+# stale value). Not measured on the GPU host (no device time left this session); the toy engine
+# runs on the CPU only.
+EXACT = 1e-5
+
+
 @pytest.mark.parametrize("transport", ["broadcast", "object_store"])
 def test_a_registered_toy_engine_is_refit_and_probed_through_weight_sync(toy_runtime, transport):
     rt = toy_runtime
@@ -117,7 +131,7 @@ def test_a_registered_toy_engine_is_refit_and_probed_through_weight_sync(toy_run
     train_step(rt)  # the weights move
     metrics = refit(rt.policy, rt.generation, rt.probe, transport=transport)
     assert rt.generation.weight_version() == rt.policy.weight_version  # both toy engines, read back
-    assert metrics["train/refit_logprob_error"] < 1e-5  # exact weights: fp32 rounding only
+    assert metrics["train/refit_logprob_error"] < EXACT  # exact weights (table above)
     out = rt.generation.generate([list(rt.chat.prompt("2+3="))] * 4, SamplingParams(max_new_tokens=3, seed=1))
     assert out.weight_version == rt.policy.weight_version and len(out.completion_ids) == 4
 
@@ -127,7 +141,7 @@ def test_a_stale_toy_engine_fails_the_probe(toy_runtime):
     refit(rt.policy, rt.generation, rt.probe)
     train_step(rt, answer="5")  # the trainer moves on; the engines are not refit
     stale = rt.probe.measure(rt.policy, rt.generation)
-    assert stale["train/refit_logprob_error"] > 1e-3
+    assert stale["train/refit_logprob_error"] > rt.probe.bound  # the probe would stop this run
 
 
 def test_the_receivers_strictness_holds_for_the_toy_engine_without_a_line_of_its_own(toy_runtime):
