@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
-from posttrain.distributed.worker_group import RayWorkerGroup
+from posttrain.distributed.worker_group import RayWorkerGroup, check_shards
 
 
 class WorkerGroup(Protocol):
@@ -173,9 +173,7 @@ class InProcessWorkerGroup:
         return value
 
     def run_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]:
-        for shard_list in shards:
-            if len(shard_list) != len(self.workers):
-                raise ValueError(f"{len(shard_list)} shards for {len(self.workers)} workers")
+        check_shards(shards, len(self.workers))
         return [self.call(rank, method, tuple(s[rank] for s in shards), kwargs) for rank in range(len(self.workers))]
 
     def submit_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]:

@@ -39,6 +39,17 @@ def creation_error_line(exc: RayActorError) -> str:
 T = TypeVar("T")
 
 
+def check_shards(shards: Sequence[Sequence[Any]], workers: int) -> None:
+    """Every shard list holds one shard per worker.
+
+    Raises:
+        ValueError: a shard list's length differs from ``workers``.
+    """
+    for shard_list in shards:
+        if len(shard_list) != workers:
+            raise ValueError(f"{len(shard_list)} shards for {workers} workers")
+
+
 @dataclass(frozen=True)
 class Pending(Generic[T]):
     """Calls started on a group's workers and not yet waited for (a sender and its receivers
@@ -164,9 +175,7 @@ class RayWorkerGroup:
         Raises:
             ValueError: a shard list's length differs from the number of workers.
         """
-        for shard_list in shards:
-            if len(shard_list) != len(self.workers):
-                raise ValueError(f"{len(shard_list)} shards for {len(self.workers)} workers")
+        check_shards(shards, len(self.workers))
         per_worker = zip(self.workers, *shards, strict=True)
         return [getattr(w, method).remote(*args, **kwargs) for w, *args in per_worker]
 
