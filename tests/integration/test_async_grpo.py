@@ -214,11 +214,30 @@ def test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop(ray_cluster
     assert len(losses) == 4 and losses[0](gaps, data, 2.0)[1]["importance_weight"] == pytest.approx(2.25, rel=1e-6)
 
 
-def test_a_claim_timeout_is_one_line_naming_the_key(ray_cluster, tiny_model_path, tmp_path) -> None:
+def test_a_claim_timeout_is_one_line_naming_the_key(ray_cluster, tiny_model_path, tmp_path, monkeypatch) -> None:
+    """The configured timeout reaches the trainer's claim, which gives up in one line naming the key.
+
+    The producer's engine stalls for 20 s, so no rollouts can arrive within 0.5 s on any machine (with
+    the real engine, whether a tiny model samples a step in under the claim's shortest wait depends
+    on the CPU: it did on a CI runner and the run trained). Were the key ignored (600 s default),
+    the stalled engine's error would reach the trainer instead, after 20 s, and the test fails."""
+
+    class StalledEngine:  # defined here, so Ray ships it to the producer by value
+        def generate(self, prompts, params):
+            import time
+            time.sleep(20.0)
+            raise RuntimeError("the stalled engine woke up: the claim did not time out")
+
+    start_producer = RolloutProducerClient
+    monkeypatch.setattr(async_grpo, "RolloutProducerClient",
+                        lambda engine, *args: start_producer(StalledEngine(), *args))
     cfg = async_cfg(tiny_model_path, "generation.backend=hf", "cluster.cpus_per_worker=0.5", "grpo.val_period=0",
-                    "grpo.async.claim_timeout_s=0.001", f"logger.log_dir={tmp_path}")
-    with pytest.raises(BufferTimeoutError, match=r"^no rollouts for this step within grpo.async.claim_timeout_s=0.001"):
+                    "grpo.async.claim_timeout_s=0.5", f"logger.log_dir={tmp_path}")
+    with pytest.raises(BufferTimeoutError) as caught:
         grpo.train(cfg)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(
+        "no rollouts for this step within grpo.async.claim_timeout_s=0.5 s"), message
 
 
 def test_a_failing_producer_reaches_the_trainer_as_one_line_at_once(ray_cluster, tiny_model_path) -> None:
