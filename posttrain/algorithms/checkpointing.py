@@ -71,7 +71,9 @@ def after_step(policy: Any, run_cfg: Any, step: int, num_steps: int) -> None:
     """What the loop does after logging ``step``: a periodic checkpoint when due, and, when a
     stop was requested (``posttrain.utils.interrupts``) before the last step, a checkpoint of
     this step (with ``save_period`` > 0) and :class:`StopRequested`."""
-    saved = save(policy, run_cfg, step) if is_due(step, run_cfg.checkpoint, num_steps) else None
+    saved = None
+    if is_due(step, run_cfg.checkpoint, num_steps):
+        saved = save(policy, run_cfg, step)
     signum = stop_requested()
     if signum is None or step == num_steps:  # the run is complete anyway: end it normally
         return

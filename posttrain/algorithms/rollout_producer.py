@@ -23,12 +23,9 @@ import threading
 import time
 from typing import Any
 
-import ray
-
 from posttrain.algorithms.grpo_step import generate_rollouts, score_rollouts
 from posttrain.data.sampler import EpochSampler
 from posttrain.data.types import MathProblem
-from posttrain.distributed.worker_group import get_unwrapped
 from posttrain.errors import PosttrainError, ProducerError
 from posttrain.rollouts.samples import RolloutSample
 
@@ -54,12 +51,12 @@ def to_samples(rollouts: Any, batch_index: int, completions_per_prompt: int) -> 
     ]
 
 
-class RolloutProducerImpl:
+class RolloutProducer:
     """Samples GRPO batches ``first_batch, first_batch + 1, ...`` into ``buffer``.
 
     Args:
         engine: the run's ``EngineGroup`` (its actor handles; the driver refits it).
-        buffer: the ``RolloutBuffer`` actor handle.
+        buffer: the ``RolloutBuffer`` actor (a transport ``Actor``).
         model_path: Hugging Face directory (for the tokenizer and chat template).
         problems: the training pool (the sampler draws from it as the synchronous loop does).
         cfg: the run's ``GRPOMasterConfig``.
@@ -110,7 +107,7 @@ class RolloutProducerImpl:
                     self.cond.notify_all()
                 # The allowance keeps (k + 1) batches within buffer_size; a put that waits for room
                 # waits for the trainer's next clear, never for a pause.
-                get_unwrapped([self.buffer.put.remote(samples, timeout_s=self.cfg.grpo.async_.claim_timeout_s)])
+                self.buffer.call("put", samples, timeout_s=self.cfg.grpo.async_.claim_timeout_s)
                 with self.cond:
                     self.next_batch = batch + 1
                     self.cond.notify_all()
@@ -148,11 +145,11 @@ class RolloutProducerImpl:
             self.cond.notify_all()
 
     def stop(self) -> None:
-        """End the sampling thread after the batch in flight (if any)."""
+        """Let the sampling thread end after the batch in flight (if any); returns at once (a
+        thread waiting on a put ends when the buffer ends)."""
         with self.cond:
             self.stopped = True
             self.cond.notify_all()
-        self.thread.join()
 
     def _one_line(self, exc: BaseException, batch: int) -> PosttrainError:
         """``exc`` as one line that says which step's batch failed (a PosttrainError keeps its type)."""
@@ -161,8 +158,3 @@ class RolloutProducerImpl:
             return type(exc)(f"{where}: {exc}".splitlines()[0])
         text = str(exc).strip().splitlines()
         return ProducerError(f"{where} failed: {type(exc).__name__}: {text[0] if text else ''}")
-
-
-@ray.remote
-class RolloutProducer(RolloutProducerImpl):
-    """The Ray actor (the driver's handle: ``async_actors.RolloutProducerClient``)."""

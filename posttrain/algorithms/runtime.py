@@ -153,7 +153,7 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
              if generation.refit_probe.num_sequences and gen is not None else None)
     engine = "no generation engine"
     if backend:
-        colocated = " (colocated)" if num_bundles(generation, backend, policy_workers) == policy_workers else ""
+        colocated = " (colocated)" if bundles == policy_workers else ""  # the engines hold no bundle of their own
         engine = f"{generation.num_workers} x {backend} engine{colocated}"
     print(f"runtime: {describe_policy(policy, pol)} policy, {engine}, on {cluster.device}", flush=True)
     return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer), probe)

@@ -1,7 +1,8 @@
 """Where the workers run: Ray actors (the default) or this process.
 
 A run's start-up asks the current transport for three things: to start (Ray's node), a
-cluster (the reservation of bundles), and worker groups placed on it. :class:`RayTransport` is
+cluster (the reservation of bundles), and worker groups placed on it; asynchronous GRPO also
+asks it for service actors that hold no bundle (the rollout buffer and producer). :class:`RayTransport` is
 Ray. :class:`InProcessTransport` constructs the same worker classes in this process and calls
 them directly, copying arguments and results through pickle as Ray's serialization would, so
 a worker cannot reach into the driver's objects; tests run the real loops with it in about a
@@ -18,16 +19,19 @@ object store, in-process the value itself.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
+import inspect
 import pickle
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
 
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
-from posttrain.distributed.worker_group import RayWorkerGroup, check_shards
+from posttrain.distributed.worker_group import RayActor, RayWorkerGroup, check_shards
 
 
 class WorkerGroup(Protocol):
@@ -66,6 +70,16 @@ class Cluster(Protocol):
     def shutdown(self) -> None: ...
 
 
+class Actor(Protocol):
+    """One service actor outside the cluster's bundles (the rollout buffer, the async producer)."""
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)`` on the actor, waited for; its PosttrainError raised as itself."""
+        ...
+
+    def kill(self) -> None: ...
+
+
 class Transport(Protocol):
     """Starts the workers' world, reserves bundles and places worker groups on them."""
 
@@ -75,6 +89,11 @@ class Transport(Protocol):
 
     def group(self, cluster: Cluster, actor_cls: Any, *args: Any, bundle_indices: Sequence[int] | None = None,
               reserve: bool = True, **kwargs: Any) -> WorkerGroup: ...
+
+    def actor(self, actor_cls: type, *args: Any, max_concurrency: int | None = None,
+              name: str | None = None) -> Actor:
+        """Start ``actor_cls(*args)`` as a service actor (no bundle, no CPU reserved)."""
+        ...
 
     def put(self, value: Any) -> Any:
         """A reference the driver can pass on to other workers without holding ``value``."""
@@ -95,6 +114,10 @@ class RayTransport:
         if not isinstance(cluster, RayVirtualCluster):
             raise TypeError(f"a Ray worker group needs a RayVirtualCluster, got {type(cluster).__name__}")
         return RayWorkerGroup(cluster, actor_cls, *args, bundle_indices=bundle_indices, reserve=reserve, **kwargs)
+
+    def actor(self, actor_cls: type, *args: Any, max_concurrency: int | None = None,
+              name: str | None = None) -> Actor:
+        return RayActor(actor_cls, *args, max_concurrency=max_concurrency, name=name)
 
     def put(self, value: Any) -> Any:
         import ray
@@ -183,6 +206,63 @@ class InProcessWorkerGroup:
         self.workers = []
 
 
+class InProcessActor:
+    """A service actor as an object of this process.
+
+    A coroutine method runs on the actor's own event-loop thread, as Ray runs an asyncio actor's
+    methods; any other method runs in the caller's thread, as a threaded actor's. Each call's
+    arguments and result are copied (:func:`copied`). The constructor's arguments are not: they
+    are handles (an engine group, another actor), and a handle's in-process form is the object.
+    """
+
+    def __init__(self, actor_cls: type, *args: Any, max_concurrency: int | None = None, name: str | None = None):
+        self.name = name or actor_cls.__name__
+        self.instance = actor_cls(*args)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        fn = getattr(self.instance, method)
+        args, kwargs = copied(args), copied(kwargs)
+        if inspect.iscoroutinefunction(fn):
+            return copied(asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), self._event_loop()).result())
+        return copied(fn(*args, **kwargs))
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._serve, args=(self._loop,), name=f"{self.name}-loop", daemon=True).start()
+            return self._loop
+
+    @staticmethod
+    def _serve(loop: asyncio.AbstractEventLoop) -> None:
+        loop.run_forever()
+        loop.close()
+
+    def kill(self) -> None:
+        """End the actor: its ``stop()``, if it has one (a thread of its own ends), and its event
+        loop, whose calls still waiting are cancelled (their callers get ``CancelledError``, as a
+        Ray caller gets ``RayActorError`` from a killed actor)."""
+        stop = getattr(self.instance, "stop", None)
+        if callable(stop):
+            stop()
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            asyncio.run_coroutine_threadsafe(self._cancel_all_and_stop(loop), loop)
+
+    @staticmethod
+    async def _cancel_all_and_stop(loop: asyncio.AbstractEventLoop) -> None:
+        # The loop stops only once the cancelled calls are done: their callers' futures are told
+        # in a later turn of the loop than the cancellation itself.
+        calls = [task for task in asyncio.all_tasks(loop) if task is not asyncio.current_task()]
+        for task in calls:
+            task.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+        loop.stop()
+
+
 class InProcessTransport:
     """Workers in this process (see the module doc); starts nothing, reserves nothing."""
 
@@ -196,6 +276,10 @@ class InProcessTransport:
               reserve: bool = True, **kwargs: Any) -> WorkerGroup:
         return InProcessWorkerGroup(cluster, actor_cls, *args, bundle_indices=bundle_indices, reserve=reserve,
                                     **kwargs)
+
+    def actor(self, actor_cls: type, *args: Any, max_concurrency: int | None = None,
+              name: str | None = None) -> Actor:
+        return InProcessActor(actor_cls, *args, max_concurrency=max_concurrency, name=name)
 
     def put(self, value: Any) -> Any:
         return value

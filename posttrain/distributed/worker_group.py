@@ -71,6 +71,36 @@ class Pending(Generic[T]):
         return self.finish(self.gather(self.refs, self.method))
 
 
+class RayActor:
+    """One Ray actor outside the cluster's bundles (it reserves no CPU): a service the driver and
+    its workers call, such as the rollout buffer. Each :meth:`call` waits for its answer; a
+    :class:`PosttrainError` the actor raised is raised as itself (:func:`get_unwrapped`). The
+    handle pickles: another actor that receives it calls the same actor.
+
+    Args:
+        actor_cls: the plain class, as written (one with ``async def`` methods becomes an asyncio
+            actor: its calls interleave at each ``await`` on one event loop).
+        args: its constructor's arguments.
+        max_concurrency: calls a threaded actor serves at once (methods that wait on each other,
+            such as a pause waiting for a sampling thread); None: Ray's default for the class.
+        name: the name ``ray.get_actor`` finds it by.
+    """
+
+    def __init__(self, actor_cls: type, *args: Any, max_concurrency: int | None = None, name: str | None = None):
+        options: dict[str, Any] = {"num_cpus": 0, "name": name}
+        if max_concurrency is not None:
+            options["max_concurrency"] = max_concurrency
+        self.handle: Any = ray.remote(actor_cls).options(**options).remote(*args)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)`` on the actor, waited for."""
+        return get_unwrapped([getattr(self.handle, method).remote(*args, **kwargs)])[0]
+
+    def kill(self) -> None:
+        """End the actor's process (what it holds goes with it)."""
+        ray.kill(self.handle)
+
+
 class RayWorkerGroup:
     """One actor per bundle index; calls fan out to all workers and gather in order.
 

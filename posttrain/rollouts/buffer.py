@@ -1,7 +1,7 @@
 """The rollout buffer between the producer (generation) and the trainer of asynchronous GRPO.
 
-One object, usable in-process (drive it with ``asyncio``) or as an async Ray actor
-(:func:`start_rollout_buffer`). Samples move unclaimed -> claimed -> cleared (consumed or
+One object, usable in-process (drive it with ``asyncio``) or as an asyncio actor (the loop
+starts it through its transport: ``algorithms/async_actors.py``). Samples move unclaimed -> claimed -> cleared (consumed or
 dropped); ``capacity`` bounds unclaimed + claimed, so a producer far ahead of the trainer
 waits instead of piling up stale samples. Every method runs on one event loop with no
 ``await`` between a check and the mutation it guards, so each call is atomic: two consumers
@@ -46,7 +46,12 @@ class BufferStatus:
         return self.unclaimed + self.claimed
 
 
-def _check_capacity(capacity: object) -> int:
+def check_capacity(capacity: object) -> int:
+    """``capacity``, checked.
+
+    Raises:
+        ValueError: not an int >= 1.
+    """
     if type(capacity) is not int or capacity < 1:
         raise ValueError(f"buffer capacity must be an int >= 1, got {capacity!r}")
     return capacity
@@ -71,7 +76,7 @@ class RolloutBuffer:
     """
 
     def __init__(self, capacity: int):
-        self.capacity = _check_capacity(capacity)
+        self.capacity = check_capacity(capacity)
         self._cond = asyncio.Condition()
         self._unclaimed: deque[RolloutSample] = deque()
         self._claimed: dict[int, RolloutSample] = {}  # sample_id -> sample
@@ -181,17 +186,3 @@ class RolloutBuffer:
                             put_total=len(self._ids_put), claim_cursor=self._claim_cursor,
                             consumed_ids=frozenset(self._outcomes["consumed"]),
                             dropped_ids=frozenset(self._outcomes["dropped"]))
-
-
-def start_rollout_buffer(capacity: int, name: str | None = None) -> Any:
-    """Start a :class:`RolloutBuffer` as an async Ray actor (no CPU reserved: it only holds
-    data) and return its handle; ``name`` makes it findable with ``ray.get_actor``. The caller
-    kills it (``ray.kill``). Errors raised by its methods reach the caller as themselves.
-
-    Raises:
-        ValueError: ``capacity`` not an int >= 1 (checked here, not in the actor).
-    """
-    import ray  # only here: in-process use never imports Ray
-
-    _check_capacity(capacity)
-    return ray.remote(RolloutBuffer).options(num_cpus=0, name=name).remote(capacity)

@@ -265,3 +265,31 @@ def test_a_failing_producer_reaches_the_trainer_as_one_line_at_once(ray_cluster,
         message = str(caught.value)
         assert "\n" not in message and message.startswith("the rollout producer, sampling step 1"), message
         assert type(caught.value) is expected and str(error).splitlines()[0] in message
+
+
+def test_the_async_loop_runs_in_process_and_at_k_0_trains_as_the_synchronous_loop(in_process, tiny_model_path,
+                                                                                   tmp_path, monkeypatch) -> None:
+    """The buffer and the producer are started through the run's transport, as every worker is: under
+    the in-process transport the asynchronous loop runs in this process (the producer's sampling
+    thread, the buffer's event loop), starting no Ray, and at k = 0 it trains exactly as the
+    synchronous loop; at k = 1 its producer samples ahead on its own thread."""
+    from posttrain.distributed import worker_group
+
+    def no_ray_actor(*args, **kwargs):
+        raise AssertionError("a Ray actor was started under the in-process transport")
+
+    monkeypatch.setattr(worker_group.RayActor, "__init__", no_ray_actor)
+    base = [f"model.path={tiny_model_path}", *LOOP, *LEARNABLE, "grpo.num_prompts_per_step=4", "data.arithmetic.num_val=8"]
+    sync = in_process.run(grpo, GRPO_YAML, [*base, f"logger.log_dir={tmp_path / 'sync'}"])
+    k0 = in_process.run(grpo, GRPO_YAML, [*base, "grpo.async.enabled=true", "grpo.async.max_staleness=0",
+                                          f"logger.log_dir={tmp_path / 'k0'}"])
+    assert k0.cfg.grpo.async_.enabled and not sync.cfg.grpo.async_.enabled
+    assert sync.metrics["train/grad_norm"]["3"] > 0  # the weights move: equal runs mean the same training
+    assert k0.metrics["async/staleness_max"] == {"1": 0.0, "2": 0.0, "3": 0.0}
+    assert [c.args for c in k0.calls("generation", "generate")] == [c.args for c in sync.calls("generation", "generate")]
+    for key in ("train/reward_mean", "train/completion_length", "train/loss", "train/grad_norm", "train/kl"):
+        assert k0.metrics[key] == sync.metrics[key], key
+    k1 = in_process.run(grpo, GRPO_YAML, [*base, "grpo.async.enabled=true", "grpo.async.max_staleness=1",
+                                          f"logger.log_dir={tmp_path / 'k1'}"])
+    assert max(k1.metrics["async/staleness_max"].values()) == 1.0  # sampled ahead, with the older weights
+    assert set(k1.metrics["async/dropped_samples"].values()) == {0.0}

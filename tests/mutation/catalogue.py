@@ -698,11 +698,26 @@ MUTANTS: tuple[Mutant, ...] = (
              "from posttrain.testing.rules import interpreter as metric_rules"),),
            ("tests/unit/testing/test_toolkit_distribution.py::"
             "test_the_toolkit_installs_alone_and_its_command_and_api_refuse_a_vacuous_rule",), klass="harness"),
+    Mutant("weight_sync_imports_a_model", "the weight-sync room reaches up into models/ (a lazy import inside "
+           "a function): the layers no longer hold and a cycle between the two rooms is one line away",
+           "posttrain/weight_sync/probe.py",
+           (("from __future__ import annotations\n",
+             "from __future__ import annotations\n\n\ndef _precision():\n"
+             "    from posttrain.models import precision\n    return precision\n"),),
+           ("tests/unit/test_layers.py",), klass="config"),
+    Mutant("async_actors_bypass_the_transport", "the async loop starts its producer as a Ray actor whatever the "
+           "run's transport: an in-process run starts Ray, and its producer samples from a copy of the engines",
+           "posttrain/algorithms/async_actors.py",
+           (("self.actor: Actor = current_transport().actor(RolloutProducer,",
+             "from posttrain.distributed.transport import RayTransport\n"
+             "        self.actor: Actor = RayTransport().actor(RolloutProducer,"),),
+           (f"{ASYNC}::test_the_async_loop_runs_in_process_and_at_k_0_trains_as_the_synchronous_loop",),
+           klass="async"),
     Mutant("buffer_client_swaps_outcomes", "the async loop's buffer handle clears the dropped samples as consumed: "
            "the buffer's record says stale samples were trained on",
            "posttrain/algorithms/async_actors.py",
-           (('self.actor.clear.remote([s["sample_id"] for s in dropped], "dropped")',
-             'self.actor.clear.remote([s["sample_id"] for s in dropped], "consumed")'),),
+           (('self.actor.call("clear", [s["sample_id"] for s in dropped], "dropped")',
+             'self.actor.call("clear", [s["sample_id"] for s in dropped], "consumed")'),),
            ("tests/unit/rollouts/test_rollout_buffer.py::"
             "test_the_loops_handle_clears_each_sample_as_what_happened_to_it",), klass="async"),
     Mutant("in_process_shares_arguments", "the in-process transport hands workers the caller's own objects: a "

@@ -16,7 +16,7 @@ import pytest
 from unit.rollouts.rollout_helpers import ids, make_group
 
 from posttrain.errors import BufferTimeoutError, RolloutTagError
-from posttrain.rollouts.buffer import BufferStatus, RolloutBuffer, start_rollout_buffer
+from posttrain.rollouts.buffer import BufferStatus, RolloutBuffer
 from posttrain.rollouts.samples import RolloutSample
 
 
@@ -250,7 +250,9 @@ def test_two_consumers_racing_one_producer_lose_and_duplicate_nothing(ray_cluste
 
     total_groups = 128
     put_ids = [s["sample_id"] for g in range(total_groups) for s in make_group(g, GROUP)]
-    buf = start_rollout_buffer(capacity=64, name="test_rollout_buffer")
+    from posttrain.distributed.worker_group import RayActor
+
+    buf = RayActor(RolloutBuffer, 64, name="test_rollout_buffer").handle
     try:
         assert ray.get_actor("test_rollout_buffer")  # findable by its name
 
@@ -300,7 +302,10 @@ def test_two_consumers_racing_one_producer_lose_and_duplicate_nothing(ray_cluste
 def test_errors_reach_the_caller_of_the_actor_as_themselves(ray_cluster) -> None:
     import ray
 
-    buf = start_rollout_buffer(capacity=8)
+    from posttrain.algorithms.async_actors import RolloutBufferClient
+    from posttrain.distributed.worker_group import RayActor
+
+    buf = RayActor(RolloutBuffer, 8).handle
     try:
         with pytest.raises(BufferTimeoutError, match="claim of 4 samples timed out"):
             ray.get(buf.claim.remote(4, timeout_s=0.05))
@@ -310,7 +315,7 @@ def test_errors_reach_the_caller_of_the_actor_as_themselves(ray_cluster) -> None
         with pytest.raises(ValueError, match="not claimed"):
             ray.get(buf.clear.remote([0], "consumed"))
         with pytest.raises(ValueError, match="capacity"):
-            start_rollout_buffer(capacity=0)  # checked before an actor starts
+            RolloutBufferClient(capacity=0)  # checked before an actor starts
     finally:
         ray.kill(buf)
 
@@ -363,12 +368,14 @@ def test_the_put_errors_are_whole_sentences_naming_the_sample() -> None:
     _run(scenario)
 
 
-def test_start_rollout_buffer_asks_ray_for_a_named_actor_with_no_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_buffer_actor_is_asked_of_ray_named_and_with_no_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The actor only holds data: it must reserve no CPU (a reserved one would starve the workers of
     a 2-CPU cluster), carry the name it is found by, and be checked for its capacity before Ray is
-    asked. A stand-in ``ray`` module records the calls (the real actor: the two Ray tests above)."""
-    import sys
+    asked. A stand-in ``ray`` records the calls (the real actor: the two Ray tests above)."""
     import types
+
+    from posttrain.algorithms.async_actors import RolloutBufferClient
+    from posttrain.distributed import worker_group
 
     calls: list[tuple[str, object]] = []
 
@@ -381,14 +388,13 @@ def test_start_rollout_buffer_asks_ray_for_a_named_actor_with_no_cpu(monkeypatch
             calls.append(("remote", args))
             return "handle"
 
-    fake = types.ModuleType("ray")
-    fake.remote = lambda cls: calls.append(("actor class", cls)) or _Actor()  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "ray", fake)
-    assert start_rollout_buffer(3, name="buf") == "handle"
+    fake = types.SimpleNamespace(remote=lambda cls: calls.append(("actor class", cls)) or _Actor())
+    monkeypatch.setattr(worker_group, "ray", fake)
+    assert RolloutBufferClient(3, name="buf").actor.handle == "handle"  # type: ignore[attr-defined]
     assert calls == [("actor class", RolloutBuffer), ("options", {"num_cpus": 0, "name": "buf"}), ("remote", (3,))]
     calls.clear()
     with pytest.raises(ValueError, match="capacity"):
-        start_rollout_buffer(0)
+        RolloutBufferClient(0)
     assert calls == []
 
 
@@ -419,9 +425,7 @@ def test_the_loops_handle_clears_each_sample_as_what_happened_to_it(ray_cluster)
 
     buffer = RolloutBufferClient(capacity=16)
     try:
-        import ray
-
-        ray.get(buffer.actor.put.remote(make_group(0, GROUP) + make_group(1, GROUP)))
+        buffer.actor.call("put", make_group(0, GROUP) + make_group(1, GROUP))
         claimed = buffer.claim(2 * GROUP, timeout_s=10)
         kept, dropped = claimed[:GROUP], claimed[GROUP:]
         buffer.clear(consumed=kept, dropped=dropped)
