@@ -332,6 +332,12 @@ class RunConfig(Section):
     logger: LoggerConfig = LoggerConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
 
+    def output_paths(self) -> list[tuple[str, str | None]]:
+        """``(key, path)`` of every directory the run writes into (None: the run writes none
+        there); an algorithm adds its own. :func:`check_output_paths` checks them before any work."""
+        return [("logger.log_dir", self.logger.log_dir), ("checkpoint.dir", self.checkpoint.dir),
+                ("checkpoint.save_path", self.checkpoint.save_path)]
+
 
 def leaf_fields(schema: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
     """``(dotted key, field)`` for every leaf of ``schema``, sections walked into in order
@@ -396,15 +402,15 @@ def load_config(path: str | Path, overrides: list[str], schema: type[S]) -> S:
 
 
 def check_output_paths(cfg: RunConfig) -> None:
-    """Fail before any work when a run could not write its outputs: ``logger.log_dir``,
-    ``checkpoint.dir`` and ``checkpoint.save_path`` must each be a directory or creatable as one
-    (its nearest existing ancestor a writable directory).
+    """Fail before any work when a run could not write its outputs: each of
+    :meth:`RunConfig.output_paths` (``logger.log_dir``, ``checkpoint.dir``,
+    ``checkpoint.save_path``, an algorithm's own) must be a directory or creatable as one (its
+    nearest existing ancestor a writable directory).
 
     Raises:
         ConfigError: one line naming the key, the path and what is wrong.
     """
-    for key, value in (("logger.log_dir", cfg.logger.log_dir), ("checkpoint.dir", cfg.checkpoint.dir),
-                       ("checkpoint.save_path", cfg.checkpoint.save_path)):
+    for key, value in cfg.output_paths():
         if value is None:
             continue
         path = Path(value).absolute()

@@ -26,17 +26,14 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from posttrain.algorithms import checkpointing
 from posttrain.algorithms.async_actors import RolloutBufferClient, RolloutProducerClient
 from posttrain.algorithms.evaluation import is_validation_step
 from posttrain.algorithms.grpo_config import GRPOMasterConfig
-from posttrain.algorithms.grpo_step import Rollouts, learn, validate
+from posttrain.algorithms.grpo_step import learn, to_rollouts, validate
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.runtime import open_run
 from posttrain.data.datasets import load_problems
-from posttrain.data.types import MathProblem
 from posttrain.errors import BufferTimeoutError, ConfigError
 from posttrain.rollouts.filters import StalenessFilter, staleness
 from posttrain.rollouts.samples import RolloutSample
@@ -81,17 +78,6 @@ def claim_step(buffer: RolloutBufferClient, producer: RolloutProducerClient, n: 
             if time.monotonic() >= deadline:
                 raise BufferTimeoutError(f"no rollouts for this step within grpo.async.claim_timeout_s="
                                          f"{timeout_s:g} s (the producer is alive but slower)") from None
-
-
-def to_rollouts(samples: list[RolloutSample]) -> Rollouts:
-    """The samples (whole groups, contiguous) as the synchronous loop's ``Rollouts``; its
-    ``weight_version`` is the oldest sample's."""
-    return Rollouts(
-        problems=[MathProblem(s["question"], s["answer"], s["answer"]) for s in samples],
-        prompt_ids=[s["prompt_ids"] for s in samples], completion_ids=[s["completion_ids"] for s in samples],
-        generation_logprobs=[s["generation_logprobs"] for s in samples],
-        rewards=torch.tensor([s["reward"] for s in samples], dtype=torch.float32),
-        weight_version=min(s["weight_version"] for s in samples))
 
 
 def staleness_metrics(claimed: list[RolloutSample], dropped: list[RolloutSample], version: int) -> dict[str, float]:

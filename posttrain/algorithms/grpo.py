@@ -8,6 +8,11 @@ penalty towards the frozen reference policy. :func:`train` reads top to bottom:
 
     generate -> reward -> advantages -> logprobs -> train -> refit -> validate -> log
 
+With ``grpo.save_rollouts`` each step's scored rollouts are also written to disk; with
+``grpo.load_rollouts`` they are read back instead of sampled (``posttrain/rollouts/recording.py``):
+no engine starts, so nothing is refit or validated, and a replay from the recorded run's
+start trains exactly as it did.
+
 The step's pieces live in :mod:`.grpo_step` (the asynchronous loop shares them), the schema in
 :mod:`.grpo_config`; ``GRPOMasterConfig`` is re-exported here, the entry point's config.
 """
@@ -19,11 +24,20 @@ import time
 from posttrain.algorithms import async_grpo, checkpointing
 from posttrain.algorithms.evaluation import is_validation_step
 from posttrain.algorithms.grpo_config import GRPOMasterConfig
-from posttrain.algorithms.grpo_step import check_on_policy, generate_rollouts, learn, score_rollouts, validate
+from posttrain.algorithms.grpo_step import (
+    check_on_policy,
+    generate_rollouts,
+    learn,
+    score_rollouts,
+    to_rollouts,
+    to_samples,
+    validate,
+)
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.runtime import open_run
 from posttrain.data.datasets import load_problems
 from posttrain.data.sampler import EpochSampler
+from posttrain.rollouts import recording
 from posttrain.utils.timer import Timer
 from posttrain.weight_sync.refit import refit
 
@@ -32,32 +46,48 @@ __all__ = ["GRPOMasterConfig", "train"]
 
 def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
     """Run GRPO as configured; returns the logged metrics (also in ``<log_dir>/metrics.json``).
-    With ``grpo.async.enabled`` the asynchronous loop runs instead (:mod:`.async_grpo`)."""
+    With ``grpo.async.enabled`` the asynchronous loop runs instead (:mod:`.async_grpo`).
+
+    Raises:
+        DataError: ``grpo.load_rollouts`` lacks a step of the run, or a step's file is not a
+            recording of this run's shape (before anything starts, or at that step).
+    """
     if cfg.grpo.async_.enabled:
         return async_grpo.train(cfg)
+    g, replay = cfg.grpo.completions_per_prompt, cfg.grpo.load_rollouts
+    if replay is not None:
+        recording.check_recording(replay, range(1, cfg.grpo.num_steps + 1))
+        print(f"GRPO: training on the rollouts recorded in {replay} (no engine: nothing is refit or validated)",
+              flush=True)
     train_problems, val_problems = load_problems(cfg.data)
     loss_fn = ClippedPGLoss(clip_eps=cfg.grpo.clip_eps, kl_coef=cfg.grpo.kl_coef)
     sampler = EpochSampler(train_problems, cfg.grpo.num_prompts_per_step, cfg.grpo.seed)
     timer = Timer()
-    with open_run(cfg, cfg.grpo.seed, cfg.grpo.num_steps, "GRPO",
+    with open_run(cfg, cfg.grpo.seed, cfg.grpo.num_steps, "GRPO", with_generation=replay is None,
                   with_reference=cfg.grpo.kl_coef > 0) as (rt, logger, resumed_at):
-        if resumed_at == 0:
+        if resumed_at == 0 and replay is None:
             logger.log(validate(rt, val_problems, cfg), step=0)
         for step in range(resumed_at + 1, cfg.grpo.num_steps + 1):
             start = time.perf_counter()
-            problems = sampler.batch(step)
-            with timer.time("generation"):
-                rollouts = generate_rollouts(rt.engine, rt.chat, problems, cfg, step)
-                version = rt.policy.weight_version
-                check_on_policy(rollouts, version, step)
-            with timer.time("reward"):
-                score_rollouts(rt.tokenizer, rollouts)
+            version = rt.policy.weight_version
+            if replay is not None:
+                with timer.time("generation"):  # read back: the recorded run's samples and rewards
+                    rollouts = to_rollouts(recording.load_step(replay, step, cfg.grpo.num_prompts_per_step, g))
+            else:
+                with timer.time("generation"):
+                    rollouts = generate_rollouts(rt.engine, rt.chat, sampler.batch(step), cfg, step)
+                    check_on_policy(rollouts, version, step)
+                with timer.time("reward"):
+                    score_rollouts(rt.tokenizer, rollouts)
+            if cfg.grpo.save_rollouts:
+                recording.save_step(cfg.grpo.save_rollouts, step, to_samples(rollouts, step, g), g)
             metrics, trained = learn(rt, rollouts, cfg, loss_fn, timer, version)
-            with timer.time("refit"):  # + the weight-sync probe, which raises over its bound
-                metrics.update(refit(rt.policy, rt.engine, rt.probe))
-            if is_validation_step(step, cfg.grpo.val_period, cfg.grpo.num_steps):
-                with timer.time("validation"):
-                    metrics.update(validate(rt, val_problems, cfg))
+            if replay is None:
+                with timer.time("refit"):  # + the weight-sync probe, which raises over its bound
+                    metrics.update(refit(rt.policy, rt.engine, rt.probe))
+                if is_validation_step(step, cfg.grpo.val_period, cfg.grpo.num_steps):
+                    with timer.time("validation"):
+                        metrics.update(validate(rt, val_problems, cfg))
             metrics.update(rt.resource_metrics(timer, start, trained))
             logger.log(metrics, step)
             checkpointing.after_step(rt.policy, cfg, step, cfg.grpo.num_steps)

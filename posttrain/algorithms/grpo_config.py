@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from posttrain.config import RunConfig, Section
 
@@ -46,11 +46,30 @@ class GRPOConfig(Section):
     kl_coef: float = Field(0.0, ge=0)
     val_period: int = Field(50, ge=0, description="steps between validations; 0: only first and last")
     seed: int = 0
+    save_rollouts: str | None = Field(
+        None, description="directory to write each step's scored rollouts to (format: posttrain/rollouts/recording.py)")
+    load_rollouts: str | None = Field(
+        None, description="directory of recorded rollouts to train on instead of sampling: no engine starts, "
+        "nothing is validated or refit")
     # ``async`` is a Python keyword: the attribute is ``async_``, the config key ``grpo.async``.
     async_: AsyncGRPOConfig = Field(AsyncGRPOConfig(), alias="async")
+
+    @model_validator(mode="after")
+    def _recording_is_synchronous(self) -> GRPOConfig:
+        if self.async_.enabled and (self.save_rollouts or self.load_rollouts):
+            key = "save_rollouts" if self.save_rollouts else "load_rollouts"
+            raise ValueError(f"{key} records and replays the synchronous loop; with async.enabled=true its "
+                             "samples are not one step's on-policy batch (set async.enabled=false)")
+        if self.save_rollouts and self.load_rollouts:
+            raise ValueError(f"save_rollouts='{self.save_rollouts}' and load_rollouts='{self.load_rollouts}': a "
+                             "replay samples nothing new to record (set one)")
+        return self
 
 
 class GRPOMasterConfig(RunConfig):
     """Top-level schema of ``examples/configs/grpo_*.yaml``."""
 
     grpo: GRPOConfig = GRPOConfig()
+
+    def output_paths(self) -> list[tuple[str, str | None]]:
+        return [*super().output_paths(), ("grpo.save_rollouts", self.grpo.save_rollouts)]

@@ -27,6 +27,7 @@ from posttrain.errors import StaleWeightsError
 from posttrain.models.generation.interfaces import Generation, SamplingParams
 from posttrain.models.policy.interfaces import TrainResult
 from posttrain.ops import masked_mean
+from posttrain.rollouts.samples import RolloutSample
 from posttrain.utils.timer import Timer
 
 if TYPE_CHECKING:
@@ -59,6 +60,38 @@ def generate_rollouts(engine: Generation, chat: ChatEncoder, problems: list[Math
     out = engine.generate(prompt_ids, params)
     return Rollouts(repeated, prompt_ids, out.completion_ids, out.logprobs, torch.zeros(len(repeated)),
                     out.weight_version)
+
+
+def to_samples(rollouts: Rollouts, batch_index: int, completions_per_prompt: int) -> list[RolloutSample]:
+    """The N = P * G rollouts of step ``batch_index`` as tagged samples (see ``RolloutSample``):
+    ``sample_id = (batch_index - 1) * N + row``, ``group_id = (batch_index - 1) * P + row // G``.
+
+    Args:
+        rollouts: one step's, scored.
+    """
+    n = len(rollouts.completion_ids)
+    p = n // completions_per_prompt
+    return [
+        RolloutSample(sample_id=(batch_index - 1) * n + i, group_id=(batch_index - 1) * p + i // completions_per_prompt,
+                      weight_version=rollouts.weight_version, seq_len=len(prompt) + len(completion),
+                      batch_index=batch_index, prompt_ids=list(prompt), completion_ids=list(completion),
+                      generation_logprobs=list(logprobs), reward=float(reward), question=problem.question,
+                      answer=problem.answer)
+        for i, (problem, prompt, completion, logprobs, reward) in enumerate(zip(
+            rollouts.problems, rollouts.prompt_ids, rollouts.completion_ids, rollouts.generation_logprobs,
+            rollouts.rewards.tolist(), strict=True))
+    ]
+
+
+def to_rollouts(samples: list[RolloutSample]) -> Rollouts:
+    """The samples (whole groups, contiguous) as the synchronous loop's ``Rollouts``; its
+    ``weight_version`` is the oldest sample's."""
+    return Rollouts(
+        problems=[MathProblem(s["question"], s["answer"], s["answer"]) for s in samples],
+        prompt_ids=[s["prompt_ids"] for s in samples], completion_ids=[s["completion_ids"] for s in samples],
+        generation_logprobs=[s["generation_logprobs"] for s in samples],
+        rewards=torch.tensor([s["reward"] for s in samples], dtype=torch.float32),
+        weight_version=min(s["weight_version"] for s in samples))
 
 
 def check_on_policy(rollouts: Rollouts, trainer_version: int, step: int) -> None:

@@ -23,32 +23,10 @@ import threading
 import time
 from typing import Any
 
-from posttrain.algorithms.grpo_step import generate_rollouts, score_rollouts
+from posttrain.algorithms.grpo_step import generate_rollouts, score_rollouts, to_samples
 from posttrain.data.sampler import EpochSampler
 from posttrain.data.types import MathProblem
 from posttrain.errors import PosttrainError, ProducerError
-from posttrain.rollouts.samples import RolloutSample
-
-
-def to_samples(rollouts: Any, batch_index: int, completions_per_prompt: int) -> list[RolloutSample]:
-    """The N = P * G rollouts of step ``batch_index`` as tagged samples (see ``RolloutSample``):
-    ``sample_id = (batch_index - 1) * N + row``, ``group_id = (batch_index - 1) * P + row // G``.
-
-    Args:
-        rollouts: ``grpo_step.Rollouts`` of one step, scored.
-    """
-    n = len(rollouts.completion_ids)
-    p = n // completions_per_prompt
-    return [
-        RolloutSample(sample_id=(batch_index - 1) * n + i, group_id=(batch_index - 1) * p + i // completions_per_prompt,
-                      weight_version=rollouts.weight_version, seq_len=len(prompt) + len(completion),
-                      batch_index=batch_index, prompt_ids=list(prompt), completion_ids=list(completion),
-                      generation_logprobs=list(logprobs), reward=float(reward), question=problem.question,
-                      answer=problem.answer)
-        for i, (problem, prompt, completion, logprobs, reward) in enumerate(zip(
-            rollouts.problems, rollouts.prompt_ids, rollouts.completion_ids, rollouts.generation_logprobs,
-            rollouts.rewards.tolist(), strict=True))
-    ]
 
 
 class RolloutProducer:

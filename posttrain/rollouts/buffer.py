@@ -1,9 +1,9 @@
 """The rollout buffer between the producer (generation) and the trainer of asynchronous GRPO.
 
 One object, usable in-process (drive it with ``asyncio``) or as an asyncio actor (the loop
-starts it through its transport: ``algorithms/async_actors.py``). Samples move unclaimed -> claimed -> cleared (consumed or
-dropped); ``capacity`` bounds unclaimed + claimed, so a producer far ahead of the trainer
-waits instead of piling up stale samples. Every method runs on one event loop with no
+starts it through its transport: ``algorithms/async_actors.py``). Samples move unclaimed ->
+claimed -> cleared (consumed or dropped); ``capacity`` bounds unclaimed + claimed, so a
+producer far ahead of the trainer waits instead of piling up stale samples. Every method runs on one event loop with no
 ``await`` between a check and the mutation it guards, so each call is atomic: two consumers
 never claim the same sample, and a call that raises changes nothing.
 
@@ -18,7 +18,7 @@ import copy
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from posttrain.errors import BufferTimeoutError, RolloutTagError
 from posttrain.rollouts.filters import check_tags, describe

@@ -96,7 +96,7 @@ def test_claim_filter_fan_out_clear_with_a_real_producer(hf_runtime) -> None:
             shards = shard_for_data_parallel(kept, DP)
             fanned = [s for shard in shards for s in shard]
             if fanned:  # as the loop: a step whose samples were all dropped trains on nothing
-                grpo_step.learn(rt, async_grpo.to_rollouts(fanned), cfg, loss_fn, Timer(), version, off_policy=True)
+                grpo_step.learn(rt, grpo_step.to_rollouts(fanned), cfg, loss_fn, Timer(), version, off_policy=True)
             buffer.clear(consumed=fanned, dropped=dropped)
             producer.pause()
             refit(rt.policy, rt.engine)
@@ -279,14 +279,16 @@ def test_the_async_loop_runs_in_process_and_at_k_0_trains_as_the_synchronous_loo
         raise AssertionError("a Ray actor was started under the in-process transport")
 
     monkeypatch.setattr(worker_group.RayActor, "__init__", no_ray_actor)
-    base = [f"model.path={tiny_model_path}", *LOOP, *LEARNABLE, "grpo.num_prompts_per_step=4", "data.arithmetic.num_val=8"]
+    base = [f"model.path={tiny_model_path}", *LOOP, *LEARNABLE, "grpo.num_prompts_per_step=4",
+            "data.arithmetic.num_val=8"]
     sync = in_process.run(grpo, GRPO_YAML, [*base, f"logger.log_dir={tmp_path / 'sync'}"])
     k0 = in_process.run(grpo, GRPO_YAML, [*base, "grpo.async.enabled=true", "grpo.async.max_staleness=0",
                                           f"logger.log_dir={tmp_path / 'k0'}"])
     assert k0.cfg.grpo.async_.enabled and not sync.cfg.grpo.async_.enabled
     assert sync.metrics["train/grad_norm"]["3"] > 0  # the weights move: equal runs mean the same training
     assert k0.metrics["async/staleness_max"] == {"1": 0.0, "2": 0.0, "3": 0.0}
-    assert [c.args for c in k0.calls("generation", "generate")] == [c.args for c in sync.calls("generation", "generate")]
+    prompts = [c.args for c in sync.calls("generation", "generate")]
+    assert [c.args for c in k0.calls("generation", "generate")] == prompts
     for key in ("train/reward_mean", "train/completion_length", "train/loss", "train/grad_norm", "train/kl"):
         assert k0.metrics[key] == sync.metrics[key], key
     k1 = in_process.run(grpo, GRPO_YAML, [*base, "grpo.async.enabled=true", "grpo.async.max_staleness=1",

@@ -667,6 +667,7 @@ PROOFS: dict[str, Callable] = {
 MCORE = "tests/unit/models/megatron/test_megatron_policy.py::"
 RESUME = "tests/integration/test_checkpoint_resume.py::"
 ASYNC = "tests/integration/test_async_grpo.py::"
+RECORDING = "tests/integration/test_rollout_recording.py::"
 BROADCAST = "tests/unit/models/generation/test_refit_broadcast.py::"
 PROVEN_ELSEWHERE: dict[str, str] = {
     "checkpoint.dir": RESUME + "test_a_resumed_run_logs_what_the_uninterrupted_run_logged",
@@ -685,6 +686,9 @@ PROVEN_ELSEWHERE: dict[str, str] = {
     "grpo.async.buffer_size": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
     "grpo.async.importance_weight_cap": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
     "grpo.async.claim_timeout_s": ASYNC + "test_a_claim_timeout_is_one_line_naming_the_key",
+    # a recording is proven by what it holds and by its replay, which starts no engine
+    "grpo.save_rollouts": RECORDING + "test_a_replay_trains_exactly_as_the_recorded_run_and_starts_no_engine",
+    "grpo.load_rollouts": RECORDING + "test_a_replay_trains_exactly_as_the_recorded_run_and_starts_no_engine",
     # the broadcast needs its members to run at once: real Ray (in-process runs use object_store)
     # a compiled forward needs a C compiler on a CPU (inductor); the loop hands every policy key
     # to the worker unchanged (PolicyWorkerConfig.of), the worker test observes the compile
@@ -728,7 +732,7 @@ def test_every_proof_elsewhere_names_a_test_that_exists() -> None:
 FRACTIONAL: dict[str, float] = {
     "policy.lora.alpha": 1.5, "policy.lora.dropout": 0.25, "generation.refit_probe.max_logprob_error": 0.01,
     "cluster.cpus_per_worker": 0.25, "cluster.gpus_per_worker": 0.5, "sft.stop_at_val_accuracy": 0.65,
-    "grpo.async.importance_weight_cap": 2.5, "grpo.async.claim_timeout_s": 0.001,
+    "grpo.async.importance_weight_cap": 2.5, "grpo.async.claim_timeout_s": 0.5,
 }
 
 

@@ -54,7 +54,9 @@ CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "sta
            # issue 31: the behaviour distribution (class 2), a check that covers one engine of several
            # (3), the rule engine's edges (7), the harness's own records (8), the same bug in
            # another place (9); classes 1, 4, 5 and 6 extend resume, precision, config and prompts
-           "sampling", "one-of-several", "rules", "harness", "same-bug-elsewhere")
+           "sampling", "one-of-several", "rules", "harness", "same-bug-elsewhere",
+           # issue 34: a recorded run and its replay that differ (what was sampled, scored or trained on)
+           "replay")
 
 
 @dataclass(frozen=True)
@@ -328,7 +330,8 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- issue 12: prompts reused across steps -------------------------------------------------------
     Mutant("grpo_same_prompts_every_step", "GRPO trains on the first step's prompts at every step",
            "posttrain/algorithms/grpo.py",
-           (("problems = sampler.batch(step)", "problems = sampler.batch(1)"),),
+           (("generate_rollouts(rt.engine, rt.chat, sampler.batch(step), cfg, step)",
+             "generate_rollouts(rt.engine, rt.chat, sampler.batch(1), cfg, step)"),),
            (f"{LOOP_DATA}::test_each_step_trains_on_new_prompts_and_an_epoch_covers_the_pool_once",),
            klass="prompts"),
     Mutant("sampler_stuck_at_first_batch", "the sampler returns an epoch's first batch at every step",
@@ -437,7 +440,26 @@ MUTANTS: tuple[Mutant, ...] = (
            (("taken = [self._unclaimed.popleft() for _ in range(n)]",
              "taken = [self._unclaimed[i] for i in range(n)]"),),
            (f"{ROLLOUT_TESTS}/test_rollout_buffer.py",), klass="async"),
-    Mutant("claim_ignores_the_timeout_key", "the trainer's claim waits the 600 s default, whatever grpo.async.claim_timeout_s says",
+    # --- issue 34: recorded rollouts ---------------------------------------------------------------
+    Mutant("recording_rounds_the_logprobs", "the recording keeps 3 decimals of the engine's logprobs: a replay's "
+           "engine/trainer agreement (and any ratio against the behaviour policy) is no longer the run's",
+           "posttrain/rollouts/recording.py",
+           (('"samples": [dict(s) for s in samples]}',
+             '"samples": [{**s, "generation_logprobs": [round(x, 3) for x in s["generation_logprobs"]]} '
+             'for s in samples]}'),),
+           ("tests/integration/test_rollout_recording.py::"
+            "test_a_replay_trains_exactly_as_the_recorded_run_and_starts_no_engine",), klass="replay"),
+    Mutant("replay_repeats_the_first_step", "the replay trains every step on the first step's recorded rollouts",
+           "posttrain/algorithms/grpo.py",
+           (("recording.load_step(replay, step,", "recording.load_step(replay, 1,"),),
+           ("tests/integration/test_rollout_recording.py::"
+            "test_a_replay_trains_exactly_as_the_recorded_run_and_starts_no_engine",), klass="replay"),
+    Mutant("recording_refuses_nothing", "a step file of another group size is replayed: advantages mix groups",
+           "posttrain/rollouts/recording.py",
+           (("    if shape != (num_prompts, completions_per_prompt):", "    if False:"),),
+           ("tests/unit/rollouts/test_recording.py",), klass="replay"),
+    Mutant("claim_ignores_the_timeout_key",
+           "the trainer's claim waits the 600 s default, whatever grpo.async.claim_timeout_s says",
            "posttrain/algorithms/async_grpo.py",
            (("claim_step(buffer, producer, n, acfg.claim_timeout_s)", "claim_step(buffer, producer, n, 600.0)"),),
            (f"{ASYNC}::test_a_claim_timeout_is_one_line_naming_the_key",), klass="async"),
