@@ -9,7 +9,7 @@ penalty towards the frozen reference policy. :func:`train` reads top to bottom:
     generate -> reward -> advantages -> logprobs -> train -> refit -> validate -> log
 
 With ``grpo.save_rollouts`` each step's scored rollouts are also written to disk; with
-``grpo.load_rollouts`` they are read back instead of sampled (``posttrain/rollouts/recording.py``):
+``grpo.load_rollouts`` they are read back instead of sampled (``posttrain/algorithms/rollout_recording.py``):
 no engine starts, so nothing is refit or validated, and a replay from the recorded run's
 start trains exactly as it did.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 
 from posttrain.algorithms import async_grpo, checkpointing
+from posttrain.algorithms import rollout_recording as recording
 from posttrain.algorithms.evaluation import is_validation_step
 from posttrain.algorithms.grpo_config import GRPOMasterConfig
 from posttrain.algorithms.grpo_step import (
@@ -37,7 +38,6 @@ from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.runtime import open_run
 from posttrain.data.datasets import load_problems
 from posttrain.data.sampler import EpochSampler
-from posttrain.rollouts import recording
 from posttrain.utils.timer import Timer
 from posttrain.weight_sync.refit import refit
 

@@ -47,7 +47,8 @@ class GRPOConfig(Section):
     val_period: int = Field(50, ge=0, description="steps between validations; 0: only first and last")
     seed: int = 0
     save_rollouts: str | None = Field(
-        None, description="directory to write each step's scored rollouts to (format: posttrain/rollouts/recording.py)")
+        None, description="directory to write each step's scored rollouts to (format: "
+        "posttrain/algorithms/rollout_recording.py)")
     load_rollouts: str | None = Field(
         None, description="directory of recorded rollouts to train on instead of sampling: no engine starts, "
         "nothing is validated or refit")

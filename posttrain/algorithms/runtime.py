@@ -118,8 +118,8 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
 
     worker_cfg = PolicyWorkerConfig.of(policy, generation.temperature, cluster.device, with_reference,
                                        top_k=generation.top_k, top_p=generation.top_p)
-    check_backend(worker_cfg, cluster.gpus_per_worker)
     model_path = resolve_model_path(model)
+    check_backend(worker_cfg, cluster.gpus_per_worker)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     # A missing vLLM extra: one line, before Ray starts (and no check when nothing generates).
     backend = resolve_backend(generation.backend) if with_generation else None

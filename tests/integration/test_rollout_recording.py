@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from posttrain.algorithms import grpo
+from posttrain.algorithms import rollout_recording as recording
 from posttrain.config import check_output_paths, load_config
 from posttrain.environments.math_verifier import math_reward
 from posttrain.errors import ConfigError, DataError
-from posttrain.rollouts import recording
 
 GRPO_YAML = "examples/configs/grpo_arithmetic.yaml"
 P, G, STEPS = 4, 8, 3
@@ -62,7 +62,7 @@ def test_a_replay_trains_exactly_as_the_recorded_run_and_starts_no_engine(in_pro
 
 def test_a_replay_of_a_recording_that_lacks_a_step_stops_before_anything_starts(in_process, tiny_model_path,
                                                                                tmp_path: Path) -> None:
-    from unit.rollouts.test_recording import step_samples
+    from unit.algorithms.test_rollout_recording_format import step_samples
 
     recording.save_step(tmp_path, 1, step_samples(1), 4)
     with pytest.raises(DataError, match=r"^grpo.load_rollouts='.*' has no recording of step\(s\) 2-3: it holds "

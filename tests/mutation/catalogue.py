@@ -443,7 +443,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- issue 34: recorded rollouts ---------------------------------------------------------------
     Mutant("recording_rounds_the_logprobs", "the recording keeps 3 decimals of the engine's logprobs: a replay's "
            "engine/trainer agreement (and any ratio against the behaviour policy) is no longer the run's",
-           "posttrain/rollouts/recording.py",
+           "posttrain/algorithms/rollout_recording.py",
            (('"samples": [dict(s) for s in samples]}',
              '"samples": [{**s, "generation_logprobs": [round(x, 3) for x in s["generation_logprobs"]]} '
              'for s in samples]}'),),
@@ -455,9 +455,9 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/integration/test_rollout_recording.py::"
             "test_a_replay_trains_exactly_as_the_recorded_run_and_starts_no_engine",), klass="replay"),
     Mutant("recording_refuses_nothing", "a step file of another group size is replayed: advantages mix groups",
-           "posttrain/rollouts/recording.py",
+           "posttrain/algorithms/rollout_recording.py",
            (("    if shape != (num_prompts, completions_per_prompt):", "    if False:"),),
-           ("tests/unit/rollouts/test_recording.py",), klass="replay"),
+           ("tests/unit/algorithms/test_rollout_recording_format.py",), klass="replay"),
     Mutant("claim_ignores_the_timeout_key",
            "the trainer's claim waits the 600 s default, whatever grpo.async.claim_timeout_s says",
            "posttrain/algorithms/async_grpo.py",

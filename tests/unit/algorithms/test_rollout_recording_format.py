@@ -1,4 +1,4 @@
-"""Recorded rollouts (``posttrain.rollouts.recording``): a step written reads back as it was, bit
+"""Recorded rollouts (``posttrain.algorithms.rollout_recording``): a step written reads back as it was, bit
 for bit, and anything that is not a recording of this run's shape is refused in one line naming
 the file (the loop's record and replay: ``tests/integration/test_rollout_recording.py``)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from unit.rollouts.rollout_helpers import make_group
 
+from posttrain.algorithms import rollout_recording as recording
 from posttrain.errors import DataError
-from posttrain.rollouts import recording
 from posttrain.rollouts.samples import RolloutSample
 
 P, G = 2, 4
