@@ -458,6 +458,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/algorithms/rollout_recording.py",
            (("    if shape != (num_prompts, completions_per_prompt):", "    if False:"),),
            ("tests/unit/algorithms/test_rollout_recording_format.py",), klass="replay"),
+    Mutant("micro_batch_loss_normalised_per_micro_batch", "each micro-batch's loss is its own token mean, not "
+           "its share of the global batch's: gradient accumulation sums k means (TRL issue 2617's bug)",
+           "posttrain/models/policy/base_policy_worker.py",
+           (("loss, metrics = loss_fn(logprobs, data, num_tokens)",
+             "loss, metrics = loss_fn(logprobs, data, max(mb.completion_mask.sum().item(), 1.0))"),),
+           ("tests/integration/test_layout_parity.py",), klass="training"),
     Mutant("claim_ignores_the_timeout_key",
            "the trainer's claim waits the 600 s default, whatever grpo.async.claim_timeout_s says",
            "posttrain/algorithms/async_grpo.py",
