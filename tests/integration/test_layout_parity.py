@@ -22,10 +22,11 @@ layouts; step 1, each layout against 1 x 32):
 | weights after the step, ``||w - w_ref|| / ||w_ref - w_before||`` | 4.0e-5; padded 5.4e-5 (a) | 2e-3 |
 | reward, completion length, groups kept, optimizer steps | equal | equal |
 
-(a) 3.3e-4 in the same calibration with 1-token completions. The weights bound is the loosest because Adam's first step, ``lr * g / (|g| + eps)``, turns a
-rounding-level difference of an element's gradient near 0 into a difference of up to ``2 lr``
-in that element. A micro-batch normalised by its own token count instead of the global batch's
-changes the pre-clip gradient norm by a factor of about the number of micro-batches (the
+(a) 3.3e-4 in the same calibration with 1-token completions. The weights bound is the
+loosest because Adam's first step, ``lr * g / (|g| + eps)``, turns a rounding-level difference
+of an element's gradient near 0 into a difference of up to ``2 lr`` in that element. A
+micro-batch normalised by its own token count instead of the global batch's changes the
+pre-clip gradient norm by a factor of about the number of micro-batches (the
 mutant ``micro_batch_loss_normalised_per_micro_batch``).
 """
 
