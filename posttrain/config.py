@@ -133,6 +133,9 @@ class PolicyConfig(Section):
     train_micro_batch_size: int = Field(64, ge=1, description="rows per forward/backward")
     logprob_batch_size: int = Field(128, ge=1)
     num_threads: int = Field(1, ge=1, description="torch CPU threads of the worker")
+    data_parallel_size: int = Field(
+        1, ge=1, description="hf backend: policy workers, each training on its share of every global batch (torch "
+        "FSDP2 shards the weights, gradients and optimizer state over them; gloo on CPU, NCCL on GPU)")
     compile: bool = Field(False, description="hf backend: torch.compile the trained model's forward in place "
                           "(fused kernels: ~1.5x tokens/s on an H100 at 0.39B; costs compile time at the first "
                           "steps and again for each new sequence-length bucket)")
@@ -158,6 +161,17 @@ class PolicyConfig(Section):
         if self.compile and self.backend != "hf":
             raise ValueError(f"compile=true needs backend=hf (it compiles a transformers model), got "
                              f"backend={self.backend}")
+        return self
+
+    @model_validator(mode="after")
+    def _data_parallel_on_plain_hf_only(self) -> PolicyConfig:
+        dp = self.data_parallel_size
+        if dp > 1:
+            other = ("backend=megatron (its parallelism is megatron.*)" if self.backend != "hf"
+                     else f"lora.rank={self.lora.rank} (adapters are not sharded yet)" if self.lora.rank > 0
+                     else "compile=true (a compiled forward is not sharded yet)" if self.compile else None)
+            if other:
+                raise ValueError(f"data_parallel_size={dp} cannot be combined with {other}")
         return self
 
     @model_validator(mode="after")

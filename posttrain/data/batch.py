@@ -51,6 +51,11 @@ class TokenBatch:
         """Rows ``index`` of every field (a view for slices)."""
         return TokenBatch(*(getattr(self, f)[index] for f in self.__dataclass_fields__))
 
+    def masked(self) -> TokenBatch:
+        """The same rows with no completion token in the loss (``completion_mask`` all 0)."""
+        return TokenBatch(self.input_ids, self.attention_mask, self.prompt_lens, self.completion_lens,
+                          torch.zeros_like(self.completion_mask))
+
     def to(self, device: torch.device | str) -> TokenBatch:
         """Every field on ``device`` (no copy when already there)."""
         return TokenBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))

@@ -143,7 +143,8 @@ class InProcessCluster:
         self.bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
 
     def rendezvous_address(self, bundle_index: int = 0) -> str:
-        raise NotImplementedError("in-process workers form no torch.distributed group (a Megatron policy needs Ray)")
+        raise NotImplementedError("in-process workers form no torch.distributed group (a Megatron or a "
+                                  "data-parallel policy needs Ray)")
 
     def shutdown(self) -> None:
         pass

@@ -686,6 +686,9 @@ PROVEN_ELSEWHERE: dict[str, str] = {
     "grpo.async.buffer_size": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
     "grpo.async.importance_weight_cap": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
     "grpo.async.claim_timeout_s": ASYNC + "test_a_claim_timeout_is_one_line_naming_the_key",
+    # two ranks form a real process group (Ray): their step equals the single worker's
+    "policy.data_parallel_size": "tests/integration/test_data_parallel.py::"
+                                 "test_two_data_parallel_ranks_take_the_single_workers_step",
     # a recording is proven by what it holds and by its replay, which starts no engine
     "grpo.save_rollouts": RECORDING + "test_a_replay_trains_exactly_as_the_recorded_run_and_starts_no_engine",
     "grpo.load_rollouts": RECORDING + "test_a_replay_trains_exactly_as_the_recorded_run_and_starts_no_engine",

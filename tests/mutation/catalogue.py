@@ -38,6 +38,7 @@ LORA = "tests/unit/models/policy/test_lora.py"
 LORA_LAYER = "posttrain/models/policy/lora.py"
 HF_WORKER = "posttrain/models/policy/hf_policy_worker.py"
 ASYNC = "tests/integration/test_async_grpo.py"
+DATA_PARALLEL = "tests/integration/test_data_parallel.py"
 ROLLOUT_TESTS = "tests/unit/rollouts"
 MCORE_WORKER = "posttrain/models/policy/megatron_policy_worker.py"
 EDGES = "tests/unit/testing/rules/test_rule_edges.py"
@@ -176,7 +177,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("old_logprobs_from_updated_weights", "a train call of several optimizer steps takes each step's old "
            "logprobs from its own forward: later steps' ratios are 1 against already-updated weights",
            "posttrain/models/policy/base_policy_worker.py",
-           (("from_forward = scores_old and len(batch) <= gbs", "from_forward = scores_old"),),
+           (("from_forward = scores_old and len(step_rows) == 1", "from_forward = scores_old"),),
            (f"{LOOP_METRICS}::test_grpo_train_step_metrics_equal_an_independent_replay",)),
     Mutant("padding_ratio_not_masked", "padding's log-ratio is exponentiated before masking: exp(inf) * 0 = NaN",
            "posttrain/algorithms/loss_functions.py",
@@ -464,6 +465,28 @@ MUTANTS: tuple[Mutant, ...] = (
            (("loss, metrics = loss_fn(logprobs, data, num_tokens)",
              "loss, metrics = loss_fn(logprobs, data, max(mb.completion_mask.sum().item(), 1.0))"),),
            ("tests/integration/test_layout_parity.py",), klass="training"),
+    Mutant("data_parallel_gradients_averaged", "the data-parallel ranks' gradients are averaged, not summed: "
+           "each rank's loss is already its share of the global token mean, so the step is half the size",
+           "posttrain/models/policy/hf_policy_worker.py",
+           (("self.gradient_scale = float(self.data_parallel_size)", "self.gradient_scale = 1.0"),),
+           (f"{DATA_PARALLEL}::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="training"),
+    Mutant("data_parallel_metrics_of_rank_0", "a data-parallel step reports rank 0's share of the metrics as the "
+           "global batch's", "posttrain/models/policy/base_policy_worker.py",
+           (("steps.append(self._reduce_over_ranks(step_metrics) if sharded else step_metrics)",
+             "steps.append(step_metrics)"),),
+           (f"{DATA_PARALLEL}::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="metrics"),
+    Mutant("data_parallel_loss_over_local_tokens", "each data-parallel rank normalises its loss by its own token "
+           "count, not the global batch's", "posttrain/models/policy/base_policy_worker.py",
+           (('max(self._across_ranks([batch.completion_mask[g_start:g_end].sum().item()], "sum")[0], 1.0)',
+             "max(batch.completion_mask[g_start:g_end].sum().item(), 1.0)"),),
+           (f"{DATA_PARALLEL}::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="training"),
+    Mutant("data_parallel_old_logprobs_in_rank_order", "the ranks' old logprobs are stacked in rank order, not put "
+           "back in the batch's row order: the engine/trainer agreement compares other rows",
+           "posttrain/models/policy/lm_policy.py",
+           (("            for i, (_, _, _, old) in zip(index, results, strict=True):\n"
+             "                old_logprobs[i] = old",
+             "            old_logprobs = torch.cat([r[3] for r in results])"),),
+           (f"{DATA_PARALLEL}::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="metrics"),
     Mutant("claim_ignores_the_timeout_key",
            "the trainer's claim waits the 600 s default, whatever grpo.async.claim_timeout_s says",
            "posttrain/algorithms/async_grpo.py",
@@ -578,7 +601,7 @@ MUTANTS: tuple[Mutant, ...] = (
            klass="sampling"),
     Mutant("behaviour_logprobs_replaced_in_one_step", "a one-optimizer-step train call divides by its own forward's "
            "logprobs even when handed the behaviour logprobs", "posttrain/models/policy/base_policy_worker.py",
-           (('data.setdefault("old_logprobs", forward_old[-1])', 'data["old_logprobs"] = forward_old[-1]'),),
+           (('data.setdefault("old_logprobs", logprobs.detach())', 'data["old_logprobs"] = logprobs.detach()'),),
            (f"{SAMPLING_TESTS}::test_a_train_call_divides_by_exactly_the_behaviour_logprobs_it_was_given",),
            klass="sampling"),
     Mutant("behaviour_logprobs_replaced_in_several_steps", "a train call of several optimizer steps divides by the "

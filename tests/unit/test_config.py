@@ -292,3 +292,15 @@ def test_values_are_not_coerced_across_types(override: str, key: str) -> None:
 def test_an_int_is_accepted_where_a_float_is_expected() -> None:
     cfg = load_config(GRPO_YAML, ["grpo.clip_eps=1", "policy.lr=1"], GRPOMasterConfig)
     assert cfg.grpo.clip_eps == 1.0 and cfg.policy.lr == 1.0
+
+
+@pytest.mark.parametrize(("overrides", "other"), [
+    (["policy.backend=megatron"], r"backend=megatron \(its parallelism is megatron.\*\)"),
+    (["policy.lora.rank=4"], r"lora.rank=4 \(adapters are not sharded yet\)"),
+    (["policy.compile=true"], r"compile=true \(a compiled forward is not sharded yet\)"),
+])
+def test_data_parallelism_refuses_what_it_cannot_shard_in_one_line(overrides: list[str], other: str) -> None:
+    with pytest.raises(ConfigError, match=rf"data_parallel_size=2 cannot be combined with {other}") as err:
+        load_config(GRPO_YAML, ["policy.data_parallel_size=2", *overrides], GRPOMasterConfig)
+    assert "\n" not in str(err.value)
+    load_config(GRPO_YAML, ["policy.data_parallel_size=1", *overrides], GRPOMasterConfig)  # one rank: no sharding

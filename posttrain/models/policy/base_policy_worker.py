@@ -60,6 +60,9 @@ class PolicyWorkerBase(WeightSender):
     # [B, L] logprobs of the last train call's batch under the weights that call started from
     # (None: its loss reads none); see ``train``.
     old_logprobs: torch.Tensor | None = None
+    # what each backward pass is multiplied by: N for N data-parallel ranks whose gradients the
+    # backend averages, where the global batch's gradient is their sum
+    gradient_scale: float = 1.0
 
     @contextlib.contextmanager
     def _scoring_model(self, reference: bool) -> Iterator[torch.nn.Module]:
@@ -92,24 +95,36 @@ class PolicyWorkerBase(WeightSender):
         raise NotImplementedError
 
     @torch.no_grad()
-    def get_logprobs(self, batch: TokenBatch, reference: bool = False, whole_vocab: bool = False) -> torch.Tensor:
+    def get_logprobs(self, batch: TokenBatch, reference: bool = False, whole_vocab: bool = False,
+                     template: TokenBatch | None = None) -> torch.Tensor:
         """``[B, L]`` float32 completion logprobs under the current (or reference) policy's
         sampling distribution (the generation temperature, top-k and top-p: what the engine
         sampled the completions from), computed in chunks of ``logprob_batch_size`` rows.
         ``whole_vocab``: at the temperature over the whole vocabulary, no top-k / top-p (the
-        weight-sync probe, whose random tokens no sampler would keep)."""
+        weight-sync probe, whose random tokens no sampler would keep). ``template``: this
+        data-parallel rank scores its own rows, and runs idle forwards on the template row until
+        it has run as many chunks as the rank with the most (the sharded weights are gathered
+        by every rank together)."""
         top_k, top_p = (0, 1.0) if whole_vocab else (self.cfg.top_k, self.cfg.top_p)
-        chunks = []
+        size = self.cfg.logprob_batch_size
+        num_chunks = math.ceil(len(batch) / size)
+        if template is not None:
+            num_chunks = int(self._across_ranks([float(num_chunks)], "max")[0])
+        chunks = [batch.completion_mask.new_zeros((0, batch.completion_mask.shape[1]))]
         with self._scoring_model(reference) as model:
             was_training = model.training
             model.eval()
-            for start in range(0, len(batch), self.cfg.logprob_batch_size):
-                mb = batch.select(slice(start, start + self.cfg.logprob_batch_size)).to(self.device)
+            for c in range(num_chunks):
+                idle = c * size >= len(batch)
+                mb = (template if idle and template is not None else batch.select(slice(c * size, (c + 1) * size)))
+                mb = mb.to(self.device)
                 logits = self._forward_logits(model, mb)
-                chunks.append(compute_logprobs(logits, mb.input_ids, mb.prompt_lens, mb.completion_mask.shape[1],
-                                               self.cfg.temperature, top_k, top_p))
+                logprobs = compute_logprobs(logits, mb.input_ids, mb.prompt_lens, mb.completion_mask.shape[1],
+                                            self.cfg.temperature, top_k, top_p)
+                if not idle:
+                    chunks.append(logprobs.cpu())
             model.train(was_training)
-        return torch.cat(chunks).cpu()
+        return torch.cat(chunks)
 
     def train_step(self, batch: TokenBatch, extra: dict[str, torch.Tensor],
                    loss_fn: LossFn) -> tuple[Metrics, int, float, torch.Tensor | None]:
@@ -123,7 +138,34 @@ class PolicyWorkerBase(WeightSender):
     def refit_dtype(self) -> torch.dtype:
         return getattr(torch, engine_dtype(self.cfg.resolved_precision))
 
-    def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> Metrics:
+    def _across_ranks(self, values: list[float], op: str) -> list[float]:
+        """``values`` reduced over the data-parallel ranks (``op``: "sum" or "max"); a worker
+        that trains alone returns them as they are."""
+        return values
+
+    def _reduce_over_ranks(self, metrics: Metrics) -> Metrics:
+        """A global batch's metrics summed over the data-parallel ranks (each rank's are its rows'
+        share of the global token mean), ``*_min`` / ``*_max`` by min / max; ``grad_norm`` and
+        the lr are the same on every rank."""
+        keys = sorted(k for k in metrics if k != "grad_norm")
+        total = self._across_ranks([-metrics[k] if k.endswith("_min") else metrics[k] if k.endswith("_max") else 0.0
+                                    for k in keys], "max")
+        summed = self._across_ranks([0.0 if k.endswith(("_min", "_max")) else metrics[k] for k in keys], "sum")
+        out = {k: (-t if k.endswith("_min") else t if k.endswith("_max") else v)
+               for k, t, v in zip(keys, total, summed, strict=True)}
+        return {**out, **({"grad_norm": metrics["grad_norm"]} if "grad_norm" in metrics else {})}
+
+    def train_shard(self, batch: TokenBatch, extra: dict[str, torch.Tensor], step_rows: list[int],
+                    template: TokenBatch, loss_fn: LossFn) -> tuple[Metrics, int, float, torch.Tensor | None]:
+        """This data-parallel rank's part of a train call (:meth:`train_step`): its rows of each
+        global batch (``step_rows``, the driver's ``global_batch_shards``), and a row to run idle
+        micro-batches on (``template``)."""
+        metrics = self.train(batch, extra, loss_fn, step_rows=step_rows, template=template)
+        old = self.old_logprobs.cpu() if self.old_logprobs is not None else None
+        return metrics, self.weight_version, peak_rss_gib(), old
+
+    def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn,
+              step_rows: list[int] | None = None, template: TokenBatch | None = None) -> Metrics:
         """Optimizer steps over ``batch`` in global batches of ``train_global_batch_size`` rows,
         each accumulated over micro-batches of ``train_micro_batch_size`` rows.
 
@@ -137,11 +179,19 @@ class PolicyWorkerBase(WeightSender):
         are kept in :attr:`old_logprobs` (``[B, L]`` float32) for the driver's engine-trainer
         comparison, also when ``extra`` brings its own (behaviour logprobs of off-policy samples).
 
+        Data parallelism (``step_rows`` given): this rank holds ``step_rows[k]`` rows of global
+        batch k; the token count that normalises the loss and the number of micro-batches are
+        agreed over the ranks, a rank short of micro-batches runs idle ones on ``template``, and
+        the metrics are reduced over the ranks, so every rank returns the global batch's.
+
         Args:
             batch: the rows to train on, B of them.
             extra: per-row tensors the loss reads (``[B]`` or ``[B, L]``), e.g. advantages.
             loss_fn: see :class:`LossFn`; it normalises by the global batch's token count, so
                 the accumulated micro-batch gradients are the global batch's token mean.
+            step_rows: this rank's rows of each global batch (data parallelism); None: global
+                batches of ``train_global_batch_size`` rows.
+            template: a row for idle micro-batches (data parallelism).
 
         Returns:
             Metrics averaged over optimizer steps (``*_min``/``*_max`` reduced as such),
@@ -151,44 +201,67 @@ class PolicyWorkerBase(WeightSender):
             weights stay as they were) and counted in ``skipped_optimizer_steps``.
         """
         gbs, mbs = self.cfg.train_global_batch_size, self.cfg.train_micro_batch_size
+        sharded = step_rows is not None
+        if step_rows is None:
+            step_rows = [min(gbs, len(batch) - start) for start in range(0, len(batch), gbs)]
         lr = self._next_lr()  # the lr of this call's first optimizer step
         steps: list[Metrics] = []
         skipped = 0
         scores_old = getattr(loss_fn, "uses_old_logprobs", False)
-        from_forward = scores_old and len(batch) <= gbs  # one optimizer step: old = this forward's
-        self.old_logprobs = self.get_logprobs(batch) if scores_old and not from_forward else None
+        from_forward = scores_old and len(step_rows) == 1  # one optimizer step: old = this forward's
+        self.old_logprobs = (self.get_logprobs(batch, template=template if sharded else None)
+                             if scores_old and not from_forward else None)
         batch = batch.to(self.device)
         extra = {k: v.to(self.device) for k, v in extra.items()}
         if self.old_logprobs is not None and "old_logprobs" not in extra:
             extra["old_logprobs"] = self.old_logprobs.to(self.device)
         forward_old: list[torch.Tensor] = []
-        for g_start in range(0, len(batch), gbs):
-            rows = slice(g_start, g_start + gbs)
-            num_tokens = max(batch.completion_mask[rows].sum().item(), 1.0)
+        g_start = 0
+        for rows_here in step_rows:
+            g_end = g_start + rows_here
+            # the global batch's tokens, over the ranks; as many micro-batches as the rank with the most
+            num_tokens = max(self._across_ranks([batch.completion_mask[g_start:g_end].sum().item()], "sum")[0], 1.0)
+            num_micro = self._across_ranks([float(math.ceil(rows_here / mbs))], "max")[0]
             self._zero_grad()
             step_metrics: Metrics = {}
-            for m_start in range(g_start, min(g_start + gbs, len(batch)), mbs):
-                mrows = slice(m_start, min(m_start + mbs, g_start + gbs))
-                mb = batch.select(mrows)
+            for m in range(int(num_micro)):
+                m_start = g_start + m * mbs
+                idle = m_start >= g_end
+                if idle:  # this rank is short of micro-batches: one masked row, nothing learned
+                    if template is None:
+                        raise ValueError("a data-parallel rank short of micro-batches needs a template row")
+                    mb = template.to(self.device).masked()
+                    mextra = {k: v.new_zeros((1, *v.shape[1:])) for k, v in extra.items()}
+                else:
+                    mrows = slice(m_start, min(m_start + mbs, g_end))
+                    mb = batch.select(mrows)
+                    mextra = {k: v[mrows] for k, v in extra.items()}
                 logits = self._forward_logits(self.model, mb)
                 width = mb.completion_mask.shape[1]
                 logprobs, entropy = compute_logprobs_and_entropy(logits, mb.input_ids, mb.prompt_lens, width,
                                                                  self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)
-                data = {"completion_mask": mb.completion_mask, **{k: v[mrows] for k, v in extra.items()}}
+                data = {"completion_mask": mb.completion_mask, **mextra}
                 if from_forward:
-                    forward_old.append(logprobs.detach())
-                    data.setdefault("old_logprobs", forward_old[-1])
+                    if not idle:
+                        forward_old.append(logprobs.detach())
+                    data.setdefault("old_logprobs", logprobs.detach())
                 loss, metrics = loss_fn(logprobs, data, num_tokens)
-                loss.backward()
+                (loss * self.gradient_scale).backward()
                 metrics["entropy"] = (masked_sum(entropy, mb.completion_mask) / num_tokens).item()
+                if idle:  # no tokens: nothing to add, and no extreme to report
+                    metrics = {k: math.inf if k.endswith("_min") else -math.inf if k.endswith("_max") else 0.0
+                               for k in metrics}
                 reduce_metrics(step_metrics, metrics)
             grad_norm = self._optimizer_step()
             if not math.isfinite(grad_norm):
                 skipped += 1
             step_metrics["grad_norm"] = grad_norm
-            steps.append(step_metrics)
+            steps.append(self._reduce_over_ranks(step_metrics) if sharded else step_metrics)
+            g_start = g_end
         if forward_old:
             self.old_logprobs = torch.cat(forward_old)
+        elif from_forward:  # a data-parallel rank with no rows of this call
+            self.old_logprobs = batch.completion_mask.new_zeros((0, batch.completion_mask.shape[1])).cpu()
         self.weight_version += 1
         out = {k: (min if k.endswith("_min") else max if k.endswith("_max") else _mean)([s[k] for s in steps])
                for k in steps[0]}

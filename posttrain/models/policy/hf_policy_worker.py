@@ -19,6 +19,7 @@ import torch
 
 from posttrain.config import PolicyWorkerConfig, engine_dtype
 from posttrain.data.batch import TokenBatch
+from posttrain.errors import ConfigError
 from posttrain.models.policy import lora
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 from posttrain.models.precision import use_tf32_for_fp32
@@ -47,12 +48,24 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
             of a GPU bundle sees its GPU as ``cuda:0``).
         seed: torch seed.
         rank: rank in the worker group.
+        init_method: with ``cfg.data_parallel_size`` > 1, the rendezvous of the ranks'
+            ``torch.distributed`` group (``tcp://host:port``).
+
+    Data parallelism (``cfg.data_parallel_size`` = N > 1): N workers, one per rank, each hold the
+    whole model loaded, then sharded with torch FSDP2 (``fully_shard`` on every decoder layer and
+    on the model), so weights, gradients and AdamW's state are split over the ranks (gloo on CPU,
+    NCCL on CUDA). The frozen reference stays whole on every rank. Each rank trains on its rows
+    of every global batch (``PolicyWorkerBase.train``); their gradients are summed, not averaged,
+    since each rank's loss is already its share of the global batch's token mean. Refit, export
+    and checkpoints gather the whole state to rank 0 (a checkpoint holds the gathered model and
+    optimizer state, so it resumes at the same N; another N is refused).
 
     Raises:
         ConfigError: a ``lora.target_modules`` entry the model does not have.
     """
 
-    def __init__(self, model_path: str, cfg: PolicyWorkerConfig, seed: int = 0, rank: int = 0):
+    def __init__(self, model_path: str, cfg: PolicyWorkerConfig, seed: int = 0, rank: int = 0,
+                 init_method: str | None = None):
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
@@ -76,6 +89,9 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         else:
             self.reference = None  # the run's loss has no KL term: no copy to hold
+        self.data_parallel_size = cfg.data_parallel_size
+        if self.data_parallel_size > 1:
+            self._shard(init_method)
         if cfg.compile:
             # In place (nn.Module.compile): parameter names, state dicts and hooks stay the model's own.
             self.model.compile()
@@ -92,6 +108,61 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
         self.weight_version = 0
+
+    def _shard(self, init_method: str | None) -> None:
+        """Join the ranks' group and shard the model over it (FSDP2)."""
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        if init_method is None:
+            raise ValueError("a data-parallel policy worker needs the ranks' rendezvous (init_method)")
+        dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", init_method=init_method,
+                                rank=self.rank, world_size=self.data_parallel_size)
+        mesh = init_device_mesh(self.device.type, (self.data_parallel_size,))
+        for layer in self.model.model.layers:  # one all-gather per layer in the forward, not one for all
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+        # Each rank's loss is its rows' share of the global batch's token mean, so the global
+        # batch's gradient is the sum of the ranks' gradients; FSDP averages them (gloo has no
+        # pre-multiplied sum to tell it otherwise), so each rank's backward is scaled by N.
+        self.gradient_scale = float(self.data_parallel_size)
+
+    def _across_ranks(self, values: list[float], op: str) -> list[float]:
+        if self.data_parallel_size == 1:
+            return values
+        import torch.distributed as dist
+
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return tensor.tolist()
+
+    def _full_state(self, with_optimizer: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The gathered model (and optimizer) state dicts, on the CPU of rank 0 ({} on the others):
+        a collective, every rank calls it."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state: dict[str, Any]
+        optimizer_state: dict[str, Any] = {}
+        if with_optimizer:
+            model_state, optimizer_state = get_state_dict(self.model, self.optimizer, options=options)
+        else:
+            model_state = get_model_state_dict(self.model, options=options)
+        # The gather copies a tied parameter once per name: tie the copies again, so a tied output
+        # embedding is saved and sent once, as the unsharded model's state dict has it.
+        names: dict[int, list[str]] = {}
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(param), []).append(name)
+        for first, *tied in names.values():
+            for name in tied:
+                if first in model_state:
+                    model_state[name] = model_state[first]
+        return model_state, optimizer_state
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The parameters the optimizer updates (all of them, or the LoRA adapters)."""
@@ -116,7 +187,9 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         self.optimizer.zero_grad(set_to_none=True)
 
     def _optimizer_step(self) -> float:
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.cfg.max_grad_norm).item()
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.cfg.max_grad_norm)
+        # sharded gradients: the norm is a DTensor, the whole gradient's norm once made full
+        grad_norm = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
         if math.isfinite(grad_norm):
             self.optimizer.step()
             self.scheduler.step()
@@ -154,13 +227,27 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
 
     def _refit_source(self) -> dict[str, torch.Tensor]:
         """The model's own state dict, no copy (with LoRA: the merged weights); a broadcast
-        converts each tensor to the engine's dtype as it packs it."""
+        converts each tensor to the engine's dtype as it packs it. Data-parallel: the gathered
+        weights on rank 0, {} on the others (every rank must be called)."""
+        if self.data_parallel_size > 1:
+            return self._full_state()[0]
         return lora.merged_state_dict(self.model) if self.use_lora else self.model.state_dict()
 
     def save_checkpoint(self, path: str, tokenizer_path: str | None = None) -> None:
         """Atomically write the model (Hugging Face format, loadable as a new ``model.path``;
         with LoRA only the adapter, in peft's format), the optimizer state and the weight
-        version to directory ``path``."""
+        version to directory ``path``. Data-parallel: every rank gathers, rank 0 writes the whole
+        model and the whole optimizer state (keyed by parameter name), and the ranks' count."""
+        if self.data_parallel_size > 1:
+            model_state, optimizer_state = self._full_state(with_optimizer=True)
+            if self.rank == 0:
+                with atomic_dir(Path(path)) as tmp:
+                    self.model.save_pretrained(tmp, state_dict=model_state)
+                    _save_tokenizer(tokenizer_path, tmp)
+                    torch.save({"optimizer_by_name": optimizer_state, "scheduler": self.scheduler.state_dict(),
+                                "weight_version": self.weight_version,
+                                "data_parallel_size": self.data_parallel_size}, tmp / "trainer_state.pt")
+            return
         with atomic_dir(Path(path)) as tmp:
             self.model.save_pretrained(tmp)
             _save_tokenizer(tokenizer_path, tmp)
@@ -190,13 +277,25 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
             result: Any = set_peft_model_state_dict(self.model, adapter)
             if result.unexpected_keys:
                 raise RuntimeError(f"adapter in '{path}' has unexpected tensors: {result.unexpected_keys[:3]}")
-        else:
+        state = torch.load(Path(path) / "trainer_state.pt", weights_only=True)
+        saved_by = state.get("data_parallel_size", 1)
+        if saved_by != self.data_parallel_size:
+            raise ConfigError(f"checkpoint '{path}' was written with policy.data_parallel_size={saved_by}; this run "
+                              f"has {self.data_parallel_size} (resume with the same size)")
+        if not self.use_lora:
             from transformers import AutoModelForCausalLM
 
             loaded = AutoModelForCausalLM.from_pretrained(path, dtype=self.param_dtype)
-            self.model.load_state_dict(loaded.state_dict())
-        state = torch.load(Path(path) / "trainer_state.pt", weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
+            if self.data_parallel_size > 1:
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+                set_state_dict(self.model, self.optimizer, model_state_dict=loaded.state_dict(),
+                               optim_state_dict=state["optimizer_by_name"],
+                               options=StateDictOptions(full_state_dict=True))
+            else:
+                self.model.load_state_dict(loaded.state_dict())
+        if self.data_parallel_size == 1:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.weight_version = state["weight_version"]
 

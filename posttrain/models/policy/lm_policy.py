@@ -1,8 +1,9 @@
 """Driver-side policy: fans calls out to the policy worker(s) on a virtual cluster.
 
-``policy.backend`` picks the worker class: ``hf`` (one worker) or ``megatron`` (one worker per
-tensor-parallel rank, together one model). The driver code is the same for both: every call
-goes to every worker, and rank 0's answer is the group's.
+``policy.backend`` picks the worker class: ``hf`` (one worker, or one per data-parallel rank)
+or ``megatron`` (one worker per tensor-parallel rank, together one model). The driver code is
+the same for both: every call goes to every worker, and rank 0's answer is the group's; only a
+data-parallel train call hands each rank its own rows of every global batch.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from posttrain.config import PolicyConfig, PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch
+from posttrain.distributed.sharding import global_batch_shards
 from posttrain.distributed.transport import Cluster, current_transport
 from posttrain.distributed.worker_group import Pending
 from posttrain.errors import ConfigError
@@ -27,8 +29,9 @@ MCORE_MISSING = ("policy.backend=megatron but megatron-core is not installed: ru
 
 
 def num_policy_workers(cfg: PolicyConfig) -> int:
-    """Workers (and bundles) the policy takes: 1, or the tensor-parallel size for megatron."""
-    return cfg.megatron.tensor_model_parallel_size if cfg.backend == "megatron" else 1
+    """Workers (and bundles) the policy takes: the data-parallel size for hf, the tensor-parallel
+    size for megatron."""
+    return cfg.megatron.tensor_model_parallel_size if cfg.backend == "megatron" else cfg.data_parallel_size
 
 
 def check_backend(cfg: PolicyConfig, gpus_per_worker: float, gpus_found: int | None = None) -> None:
@@ -81,9 +84,12 @@ class Policy:
                                                    bundle_indices=indices,
                                                    init_method=cluster.rendezvous_address(indices[0]))
         else:
+            rendezvous = cluster.rendezvous_address(indices[0]) if cfg.data_parallel_size > 1 else None
             self.group = current_transport().group(cluster, HfPolicyWorker, model_path, cfg, seed,
-                                                   bundle_indices=indices)
+                                                   bundle_indices=indices, init_method=rendezvous)
         self.model_path = model_path
+        self.data_parallel_size = cfg.data_parallel_size if cfg.backend == "hf" else 1
+        self.global_batch_size = cfg.train_global_batch_size
         self.backend = cfg.backend
         self.lora_cfg = cfg.lora
         # The version the workers reported with their last train step (None: ask them).
@@ -110,8 +116,28 @@ class Policy:
         """One training step (see ``PolicyWorkerBase.train``): rank 0's metrics, weight version
         and old logprobs, and the largest peak memory of the workers, in one :class:`TrainResult`.
         :attr:`weight_version` answers the new version afterwards without asking again."""
+        if self.data_parallel_size > 1:
+            return self._train_data_parallel(batch, extra, loss_fn)
         results = self.group.run_all("train_step", batch, extra, loss_fn)
         metrics, version, _, old_logprobs = results[0]
+        self._version = version
+        return TrainResult(metrics, version, max(peak for _, _, peak, _ in results), old_logprobs)
+
+    def _train_data_parallel(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> TrainResult:
+        """Each rank trains on its rows of every global batch (``global_batch_shards``); the
+        workers reduce the metrics, and the old logprobs come back in the batch's row order.
+        """
+        shares = global_batch_shards(len(batch), self.global_batch_size, self.data_parallel_size)
+        index = [torch.tensor(rows, dtype=torch.long) for rows, _ in shares]
+        results = self.group.run_sharded(
+            "train_shard", [batch.select(i) for i in index], [{k: v[i] for k, v in extra.items()} for i in index],
+            [steps for _, steps in shares], template=batch.select(slice(0, 1)), loss_fn=loss_fn)
+        metrics, version, _, _ = results[0]
+        old_logprobs = None
+        if results[0][3] is not None:  # each rank's rows, back in the batch's order
+            old_logprobs = torch.zeros(batch.completion_mask.shape)
+            for i, (_, _, _, old) in zip(index, results, strict=True):
+                old_logprobs[i] = old
         self._version = version
         return TrainResult(metrics, version, max(peak for _, _, peak, _ in results), old_logprobs)
 

@@ -1,0 +1,129 @@
+"""A data-parallel HF policy (``policy.data_parallel_size=2``: two Ray workers, torch FSDP2 over
+gloo) trains a recorded GRPO step as the single worker does, resumes exactly, and its engines
+serve its weights after every refit. Real Ray, real process group; the rollouts are a recording
+(``grpo.load_rollouts``, rewards rewritten so every group varies: see ``test_layout_parity.py``).
+
+Calibration (AMD EPYC, 2 cores; DP=2 against DP=1 on the same recording; 3 recordings): the
+pre-clip grad norm, entropy and KL agree to 1e-6 relative or better, the loss to 1e-7; the bounds
+are those of ``test_layout_parity.py`` (1e-5 relative, 1e-6 absolute, weights 2e-3 of the step's
+update), which a summed-instead-of-averaged or averaged-instead-of-summed gradient misses by a
+factor of 2 (mutant ``data_parallel_gradients_averaged``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from posttrain.algorithms import grpo
+from posttrain.algorithms import rollout_recording as recording
+from posttrain.config import load_config
+from posttrain.errors import ConfigError
+
+GRPO_YAML = "examples/configs/grpo_arithmetic.yaml"
+JOB = ["grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=8", "grpo.seed=0",
+       "data.arithmetic.operand_digits=1", "generation.max_new_tokens=3", "grpo.kl_coef=0.1", "policy.lr=1e-2",
+       "grpo.val_period=0",
+       "data.arithmetic.num_val=8", "generation.backend=hf", "cluster.cpus_per_worker=0.5"]
+# 32 rows in global batches of 3, one row a micro-batch: 11 optimizer steps a call, and in each
+# rank 0 holds 1 row of 3, rank 1 holds 2, so rank 0 runs an idle micro-batch every step; the old
+# logprobs are scored first (several steps), in chunks of 4 rows: 3 chunks on rank 0, 6 on rank 1
+UNEVEN = ["policy.train_global_batch_size=3", "policy.train_micro_batch_size=1", "policy.logprob_batch_size=4"]
+EQUAL = ("train/reward_mean", "train/completion_length", "train/fraction_groups_kept", "train/num_optimizer_steps")
+RELATIVE = {"train/grad_norm": 1e-5, "train/entropy": 1e-5, "train/kl": 1e-5}
+LOSS_ABS, WEIGHTS_REL = 1e-6, 2e-3
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory, tiny_model_path) -> Path:
+    """A 2-step recording of a real run (in this process), every group's rewards rewritten to vary."""
+    from in_process import InProcess
+
+    root = tmp_path_factory.mktemp("dp")
+    InProcess().run(grpo, GRPO_YAML, [f"model.path={tiny_model_path}", *JOB, "grpo.num_steps=2",
+                                      f"grpo.save_rollouts={root / 'rollouts'}", f"logger.log_dir={root / 'log'}"])
+    for step in (1, 2):
+        path = recording.step_file(root / "rollouts", step)
+        record = json.loads(path.read_text())
+        for i, sample in enumerate(record["samples"]):
+            sample["reward"] = float(i % 3 == 0)
+        path.write_text(json.dumps(record))
+    return root / "rollouts"
+
+
+def replay(model_path: str, rollouts: Path, out: Path, *overrides: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A Ray run replaying ``rollouts``: its metrics and the weights it exported."""
+    from safetensors.torch import load_file
+
+    cfg = load_config(GRPO_YAML, [f"model.path={model_path}", *JOB, f"grpo.load_rollouts={rollouts}",
+                                  f"logger.log_dir={out / 'log'}", f"checkpoint.save_path={out / 'final'}", *overrides],
+                      grpo.GRPOMasterConfig)
+    return grpo.train(cfg), load_file(str(out / "final" / "model.safetensors"))
+
+
+def distance(a: dict, b: dict) -> float:
+    return math.sqrt(sum(((a[k].double() - b[k].double()) ** 2).sum().item() for k in a))
+
+
+@pytest.mark.parametrize("layout", ["1 optimizer step", "uneven shards"])
+def test_two_data_parallel_ranks_take_the_single_workers_step(ray_cluster, tiny_model_path, recorded,
+                                                              tmp_path: Path, layout: str) -> None:
+    from safetensors.torch import load_file
+
+    batches = ["policy.train_global_batch_size=32", "policy.train_micro_batch_size=8"] if layout.startswith("1") \
+        else UNEVEN
+    one, w_one = replay(tiny_model_path, recorded, tmp_path / "dp1", "grpo.num_steps=1", *batches)
+    two, w_two = replay(tiny_model_path, recorded, tmp_path / "dp2", "grpo.num_steps=1", *batches,
+                        "policy.data_parallel_size=2")
+    ref = {k: v["1"] for k, v in one.items() if "1" in v}
+    got = {k: v["1"] for k, v in two.items() if "1" in v}
+    assert ref["train/grad_norm"] > 0 and abs(ref["train/loss"]) > 1e-3
+    assert ref["train/num_optimizer_steps"] == (1.0 if layout.startswith("1") else 11.0)
+    for key in EQUAL:
+        assert got[key] == ref[key], key
+    for key, bound in RELATIVE.items():
+        assert abs(got[key] - ref[key]) <= bound * abs(ref[key]), (key, got[key], ref[key])
+    assert abs(got["train/loss"] - ref["train/loss"]) <= LOSS_ABS, (got["train/loss"], ref["train/loss"])
+    assert "train/token_mult_prob_error" in got  # the old logprobs came back whole, in row order
+    assert got["train/token_mult_prob_error"] == pytest.approx(ref["train/token_mult_prob_error"], rel=1e-5)
+    before = load_file(str(Path(tiny_model_path) / "model.safetensors"))
+    shared = [k for k in w_one if k in before]
+    update = distance({k: w_one[k] for k in shared}, {k: before[k] for k in shared})
+    assert w_two.keys() == w_one.keys() and update > 0
+    assert distance(w_two, w_one) <= WEIGHTS_REL * update, distance(w_two, w_one) / update
+
+
+def test_a_data_parallel_run_resumes_exactly_and_refuses_another_size(ray_cluster, tiny_model_path, recorded,
+                                                                      tmp_path: Path) -> None:
+    dp2 = ["policy.data_parallel_size=2", *UNEVEN]
+    whole, _ = replay(tiny_model_path, recorded, tmp_path / "whole", "grpo.num_steps=2", *dp2,
+                      f"checkpoint.dir={tmp_path / 'ckpt'}", "checkpoint.save_period=1")
+    resumed, _ = replay(tiny_model_path, recorded, tmp_path / "resumed", "grpo.num_steps=2", *dp2,
+                        f"checkpoint.resume={tmp_path / 'ckpt' / 'step_1'}")
+    assert whole["train/grad_norm"]["2"] > 0 and whole["train/kl"]["2"] > 0
+    for key in ("train/loss", "train/grad_norm", "train/kl", "train/entropy", "train/token_mult_prob_error"):
+        assert resumed[key]["2"] == whole[key]["2"], key
+    with pytest.raises(ConfigError, match=r"was written with policy.data_parallel_size=2; this run has 1 "
+                                          r"\(resume with the same size\)$"):
+        replay(tiny_model_path, recorded, tmp_path / "other", "grpo.num_steps=2", *UNEVEN,
+               f"checkpoint.resume={tmp_path / 'ckpt' / 'step_1'}")
+
+
+@pytest.mark.parametrize("transport", ["auto", "object_store"])
+def test_the_engine_serves_the_data_parallel_policys_weights_after_every_refit(ray_cluster, tiny_model_path,
+                                                                               tmp_path: Path, transport: str) -> None:
+    """A GRPO run with an engine: after each refit (a broadcast between CPU processes under auto,
+    the object store otherwise) the weight-sync probe scores the same sequences on the engine and
+    on the sharded policy and stops the run past its bound; the weights moved every step."""
+    cfg = load_config(GRPO_YAML, [f"model.path={tiny_model_path}", *JOB, "grpo.num_steps=2", *UNEVEN,
+                                  "policy.data_parallel_size=2", "generation.colocated=false",
+                                  f"generation.refit_transport={transport}", f"logger.log_dir={tmp_path}"],
+                      grpo.GRPOMasterConfig)
+    metrics = grpo.train(cfg)
+    assert set(metrics["train/refit_logprob_error"]) == {"1", "2"}
+    assert all(v < 1e-6 for v in metrics["train/refit_logprob_error"].values()), metrics["train/refit_logprob_error"]
+    assert metrics["train/kl"]["2"] > 0  # the second step's policy is not the first's
