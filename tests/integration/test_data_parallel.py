@@ -12,15 +12,14 @@ factor of 2 (mutant ``data_parallel_gradients_averaged``).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from recorded_rollouts import record_varied_rollouts
 
 from posttrain.algorithms import grpo
-from posttrain.algorithms import rollout_recording as recording
 from posttrain.config import load_config
 from posttrain.errors import ConfigError
 
@@ -40,19 +39,8 @@ LOSS_ABS, WEIGHTS_REL = 1e-6, 2e-3
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory, tiny_model_path) -> Path:
-    """A 2-step recording of a real run (in this process), every group's rewards rewritten to vary."""
-    from in_process import InProcess
-
-    root = tmp_path_factory.mktemp("dp")
-    InProcess().run(grpo, GRPO_YAML, [f"model.path={tiny_model_path}", *JOB, "grpo.num_steps=2",
-                                      f"grpo.save_rollouts={root / 'rollouts'}", f"logger.log_dir={root / 'log'}"])
-    for step in (1, 2):
-        path = recording.step_file(root / "rollouts", step)
-        record = json.loads(path.read_text())
-        for i, sample in enumerate(record["samples"]):
-            sample["reward"] = float(i % 3 == 0)
-        path.write_text(json.dumps(record))
-    return root / "rollouts"
+    """A 2-step recording of a real run, every group's rewards rewritten to vary (``recorded_rollouts.py``)."""
+    return record_varied_rollouts(tmp_path_factory.mktemp("dp"), [f"model.path={tiny_model_path}", *JOB])
 
 
 def replay(model_path: str, rollouts: Path, out: Path, *overrides: str) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -33,14 +33,13 @@ mutant ``micro_batch_loss_normalised_per_micro_batch``).
 from __future__ import annotations
 
 import functools
-import json
 import math
 from pathlib import Path
 
 import pytest
+from recorded_rollouts import record_varied_rollouts
 
 from posttrain.algorithms import grpo, grpo_step
-from posttrain.algorithms import rollout_recording as recording
 from posttrain.data.batch import make_batch
 
 GRPO_YAML = "examples/configs/grpo_arithmetic.yaml"
@@ -54,19 +53,9 @@ LOSS_ABS, WEIGHTS_REL = 1e-6, 2e-3
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory, tiny_model_path) -> Path:
-    """A 2-step recording of a real run, every group's rewards rewritten to vary."""
-    from in_process import InProcess
-
-    root = tmp_path_factory.mktemp("layouts")
-    InProcess().run(grpo, GRPO_YAML, [f"model.path={tiny_model_path}", *JOB, "policy.train_micro_batch_size=32",
-                                      f"grpo.save_rollouts={root / 'rollouts'}", f"logger.log_dir={root / 'log'}"])
-    for step in (1, 2):
-        path = recording.step_file(root / "rollouts", step)
-        record = json.loads(path.read_text())
-        for i, sample in enumerate(record["samples"]):
-            sample["reward"] = float(i % 3 == 0)
-        path.write_text(json.dumps(record))
-    return root / "rollouts"
+    """A 2-step recording of a real run, every group's rewards rewritten to vary (``recorded_rollouts.py``)."""
+    return record_varied_rollouts(tmp_path_factory.mktemp("layouts"),
+                                  [f"model.path={tiny_model_path}", *JOB, "policy.train_micro_batch_size=32"])
 
 
 def replay(in_process, model_path: str, rollouts: Path, log_dir: Path, micro_batch: int):
