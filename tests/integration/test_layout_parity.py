@@ -11,7 +11,9 @@ group varies and every row trains, whatever the untrained model happened to answ
 replays run in this process (``in_process.py``); no engine starts.
 
 Calibration (AMD EPYC, 2 cores, the worker's 1 torch thread; grpo.seed 0-15, 16 recordings x 4
-layouts; step 1, each layout against 1 x 32):
+layouts; step 1, each layout against 1 x 32). Not calibrated on the GPU machine's CPUs or its
+GPU (no device time this session): the bounds sit 100x over the grad-norm, entropy and loss gaps
+seen and 37x over the weights' (Adam's first step), and a broken split misses them by 4x:
 
 | quantity | largest seen | bound here |
 |---|---|---|

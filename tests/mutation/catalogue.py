@@ -480,13 +480,25 @@ MUTANTS: tuple[Mutant, ...] = (
            (('max(self._across_ranks([batch.completion_mask[g_start:g_end].sum().item()], "sum")[0], 1.0)',
              "max(batch.completion_mask[g_start:g_end].sum().item(), 1.0)"),),
            (f"{DATA_PARALLEL}::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="training"),
+    Mutant("data_parallel_refit_sends_the_local_shard", "a data-parallel refit sends each rank's own shard of "
+           "the weights, not the gathered model", "posttrain/models/policy/hf_policy_worker.py",
+           (("        if self.data_parallel_size > 1:\n            return self._full_state()[0]\n", ""),),
+           (f"{DATA_PARALLEL}::test_the_engine_serves_the_data_parallel_policys_weights_after_every_refit",),
+           klass="stale-engine"),
+    Mutant("data_parallel_resume_without_optimizer", "a data-parallel resume restores the weights but starts "
+           "AdamW's moments afresh", "posttrain/models/policy/hf_policy_worker.py",
+           (('optim_state_dict=state["optimizer_by_name"],',
+             'optim_state_dict=__import__("torch.distributed.checkpoint.state_dict", fromlist=["_"])'
+             '.get_optimizer_state_dict(self.model, self.optimizer),'),),
+           (f"{DATA_PARALLEL}::test_a_data_parallel_run_resumes_exactly_and_refuses_another_size",), klass="resume"),
     Mutant("data_parallel_old_logprobs_in_rank_order", "the ranks' old logprobs are stacked in rank order, not put "
            "back in the batch's row order: the engine/trainer agreement compares other rows",
            "posttrain/models/policy/lm_policy.py",
            (("            for i, (_, _, _, old) in zip(index, results, strict=True):\n"
              "                old_logprobs[i] = old",
              "            old_logprobs = torch.cat([r[3] for r in results])"),),
-           (f"{DATA_PARALLEL}::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="metrics"),
+           (f"{DATA_PARALLEL}::test_a_call_of_several_optimizer_steps_scores_and_returns_the_old_logprobs_in_"
+            "row_order",), klass="metrics"),
     Mutant("claim_ignores_the_timeout_key",
            "the trainer's claim waits the 600 s default, whatever grpo.async.claim_timeout_s says",
            "posttrain/algorithms/async_grpo.py",

@@ -126,12 +126,14 @@ class PolicyWorkerBase(WeightSender):
             model.train(was_training)
         return torch.cat(chunks)
 
-    def train_step(self, batch: TokenBatch, extra: dict[str, torch.Tensor],
-                   loss_fn: LossFn) -> tuple[Metrics, int, float, torch.Tensor | None]:
-        """:meth:`train`, then what the driver asks next, in the same call: ``(metrics,
-        weight_version after the step, peak resident memory GiB, old logprobs)``, the last
-        :attr:`old_logprobs` (``[B, L]`` float32 on the CPU, or None)."""
-        metrics = self.train(batch, extra, loss_fn)
+    def train_step(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn,
+                   step_rows: list[int] | None = None,
+                   template: TokenBatch | None = None) -> tuple[Metrics, int, float, torch.Tensor | None]:
+        """:meth:`train` (a data-parallel rank: on its rows, ``step_rows`` and ``template`` as
+        there), then what the driver asks next, in the same call: ``(metrics, weight_version
+        after the step, peak resident memory GiB, old logprobs)``, the last :attr:`old_logprobs`
+        (``[B, L]`` float32 on the CPU, or None)."""
+        metrics = self.train(batch, extra, loss_fn, step_rows=step_rows, template=template)
         old = self.old_logprobs.cpu() if self.old_logprobs is not None else None
         return metrics, self.weight_version, peak_rss_gib(), old
 
@@ -154,15 +156,6 @@ class PolicyWorkerBase(WeightSender):
         out = {k: (-t if k.endswith("_min") else t if k.endswith("_max") else v)
                for k, t, v in zip(keys, total, summed, strict=True)}
         return {**out, **({"grad_norm": metrics["grad_norm"]} if "grad_norm" in metrics else {})}
-
-    def train_shard(self, batch: TokenBatch, extra: dict[str, torch.Tensor], step_rows: list[int],
-                    template: TokenBatch, loss_fn: LossFn) -> tuple[Metrics, int, float, torch.Tensor | None]:
-        """This data-parallel rank's part of a train call (:meth:`train_step`): its rows of each
-        global batch (``step_rows``, the driver's ``global_batch_shards``), and a row to run idle
-        micro-batches on (``template``)."""
-        metrics = self.train(batch, extra, loss_fn, step_rows=step_rows, template=template)
-        old = self.old_logprobs.cpu() if self.old_logprobs is not None else None
-        return metrics, self.weight_version, peak_rss_gib(), old
 
     def train(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn,
               step_rows: list[int] | None = None, template: TokenBatch | None = None) -> Metrics:

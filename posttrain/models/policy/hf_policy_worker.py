@@ -215,7 +215,8 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         for name, tensor in state.items():
             key = tensor_identity(tensor)
             if key not in copies:
-                copies[key] = tensor.detach().to(device, dtype, copy=True)
+                # a data-parallel state is already a gathered copy of its own: not copied again
+                copies[key] = tensor.detach().to(device, dtype, copy=self.data_parallel_size == 1)
             out[name] = copies[key]
         return out
 

@@ -88,7 +88,7 @@ class Policy:
             self.group = current_transport().group(cluster, HfPolicyWorker, model_path, cfg, seed,
                                                    bundle_indices=indices, init_method=rendezvous)
         self.model_path = model_path
-        self.data_parallel_size = cfg.data_parallel_size if cfg.backend == "hf" else 1
+        self.data_parallel_size = cfg.data_parallel_size  # > 1 only for hf (the config refuses it with megatron)
         self.global_batch_size = cfg.train_global_batch_size
         self.backend = cfg.backend
         self.lora_cfg = cfg.lora
@@ -130,8 +130,8 @@ class Policy:
         shares = global_batch_shards(len(batch), self.global_batch_size, self.data_parallel_size)
         index = [torch.tensor(rows, dtype=torch.long) for rows, _ in shares]
         results = self.group.run_sharded(
-            "train_shard", [batch.select(i) for i in index], [{k: v[i] for k, v in extra.items()} for i in index],
-            [steps for _, steps in shares], template=batch.select(slice(0, 1)), loss_fn=loss_fn)
+            "train_step", [batch.select(i) for i in index], [{k: v[i] for k, v in extra.items()} for i in index],
+            [loss_fn] * len(index), [steps for _, steps in shares], template=batch.select(slice(0, 1)))
         metrics, version, _, _ = results[0]
         old_logprobs = None
         if results[0][3] is not None:  # each rank's rows, back in the batch's order
