@@ -735,6 +735,12 @@ MUTANTS: tuple[Mutant, ...] = (
              'THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")'),),
            ("tests/unit/testing/harness/test_harness_parallel.py::"
             "test_a_fast_tokenizer_in_a_worker_starts_only_its_share_of_threads",), klass="harness"),
+    Mutant("xdist_workers_race_on_the_ray_token_file", "the controller hands its workers no Ray token: on a fresh "
+           "machine their clusters race on ~/.ray/auth_token and a worker that lost fails every later cluster start",
+           "posttrain/testing/harness/plugin.py",
+           (("        parallel.share_ray_auth_token()  # workers", "        None  # workers"),),
+           ("tests/unit/testing/harness/test_harness_parallel.py::"
+            "test_a_workers_cluster_starts_after_another_worker_rewrote_the_ray_token_file",), klass="harness"),
     Mutant("learn_timed_as_reward", "learn times its advantages under the scoring's phase: timing/reward adds the "
            "two and says it is the verifier's",
            "posttrain/algorithms/grpo_step.py",

@@ -24,13 +24,16 @@ worker makes heaviest module first (:func:`heaviest_modules_first`, by the durat
 Threads: each worker's torch/OpenMP threads and its fast tokenizers' rayon threads are its share
 of the CPUs (:func:`thread_share`), through ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` /
 ``RAYON_NUM_THREADS`` set before anything imports torch or tokenizers (a value of your own
-wins). Each worker's Ray cluster is the ``ray_cluster`` fixture's (tests/conftest.py).
+wins). Each worker's Ray cluster is the ``ray_cluster`` fixture's (tests/conftest.py); the controller
+hands all of them one Ray auth token (:func:`share_ray_auth_token`), so that clusters starting at once
+do not race on ``~/.ray/auth_token``.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -50,6 +53,11 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
 # nice 0 and starve them instead: on 2 cores a Ray test that takes 16 s alone took minutes while an
 # in-process test ran in the other worker (and -n 8 on 16 cores finished 30% of the tier in 400 s).
 RAY_NICENESS_ENV = "RAY_worker_niceness"
+# Ray (2.5x+) turns token authentication on for every new local cluster and, on a machine without
+# ~/.ray/auth_token, writes a fresh token there. Workers starting their clusters at once race on that
+# file: a worker that read the token before another overwrote it fails every later cluster start
+# ("Failed to start GCS ... InvalidAuthToken"; 8 errors in one worker of -n auto on the 16-core host).
+RAY_AUTH_ENV_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 SLOW_MARKER = "slow"
 SLOW_TEST_S = 30.0  # a test marked slow without a recorded duration weighs this much (the marker's meaning)
 
@@ -99,6 +107,21 @@ def limit_worker_threads(config: pytest.Config) -> int:
         os.environ.setdefault(name, str(share))
     os.environ.setdefault(RAY_NICENESS_ENV, "0")
     return share
+
+
+def share_ray_auth_token() -> bool:
+    """Controller: give every worker, and the Ray clusters they start, one token (``RAY_AUTH_TOKEN``),
+    so that no cluster reads or writes ``~/.ray/auth_token``; returns whether it set one.
+
+    Leaves the environment alone where you set any of ``RAY_AUTH_MODE`` / ``RAY_AUTH_TOKEN`` /
+    ``RAY_AUTH_TOKEN_PATH``. Runs at ``pytest_configure``, before xdist starts its workers (they
+    inherit the controller's environment). The workers' clusters are their own (``address="local"``),
+    so the token reaches no cluster of yours.
+    """
+    if any(name in os.environ for name in RAY_AUTH_ENV_VARS):
+        return False
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    return True
 
 
 def heaviest_modules_first(nodeids: Sequence[str], durations: Mapping[str, float],

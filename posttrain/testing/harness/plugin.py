@@ -76,6 +76,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                       "posttrain-xdist-worker")
     elif role == "controller":
         shards.durations_from_options(config)  # a bad durations file: one usage error here, not in every worker
+        parallel.share_ray_auth_token()  # workers start their Ray clusters at once: no race on ~/.ray/auth_token
         config.pluginmanager.register(parallel.ControllerReport(), "posttrain-xdist-controller")
     if config.getoption("shard") is not None:
         config.pluginmanager.register(shards.Sharding.from_options(config), "posttrain-shards")

@@ -17,10 +17,12 @@ import pytest
 
 from posttrain.testing.harness.configurations import xdist_schedule_args
 from posttrain.testing.harness.parallel import (
+    RAY_AUTH_ENV_VARS,
     SLOW_TEST_S,
     THREAD_ENV_VARS,
     available_cpus,
     heaviest_modules_first,
+    share_ray_auth_token,
     thread_share,
 )
 from posttrain.testing.harness.shards import assign
@@ -198,3 +200,42 @@ def test_nothing_ran_still_exits_5(tree):
     (tree.path / "test_skipped.py").write_text("import pytest\n\n@pytest.mark.skip(reason='no')\ndef test_s():\n"
                                                "    pass\n")
     run(tree, 2, "--fail-on-nothing-ran", "-k", "test_s", ret=5)
+
+
+def test_a_workers_cluster_starts_after_another_worker_rewrote_the_ray_token_file(pytester, monkeypatch):
+    """Ray writes ``~/.ray/auth_token`` for the first local cluster of a machine and reads it again at
+    every start. xdist workers starting their clusters at once race on that file: on the 16-core host
+    one worker of ``-n auto`` read a token that another then overwrote and failed every later start
+    ("Failed to start GCS", InvalidAuthToken: 8 errors). Here a worker starts a cluster, the file is
+    rewritten as a racing worker would, and the same worker starts another, which must come up."""
+    home = pytester.path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))  # no token file yet: a fresh machine
+    for name in RAY_AUTH_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    pytester.makepyfile(test_ray_token=(
+        "import pathlib\nimport secrets\n\nimport ray\n\nfrom posttrain.distributed.ray_cluster import init_ray\n\n\n"
+        "def start_and_stop():\n"
+        "    init_ray(address='local', num_cpus=1)\n"
+        "    ray.shutdown()\n\n\n"
+        "def test_a_second_cluster_starts():\n"
+        "    start_and_stop()\n"
+        "    token = pathlib.Path.home() / '.ray' / 'auth_token'\n"
+        "    token.parent.mkdir(exist_ok=True)\n"
+        "    token.write_text(secrets.token_hex(32))  # another worker's first start, a moment later\n"
+        "    start_and_stop()\n"))
+    pytester.makeini("[pytest]\nposttrain_harness = true\n")
+    (pytester.path / "durations.json").write_text("{}")
+    monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
+    run(pytester, 1)
+
+
+def test_a_ray_token_setting_of_your_own_is_left_alone(monkeypatch):
+    for name in RAY_AUTH_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    assert share_ray_auth_token() and len(os.environ["RAY_AUTH_TOKEN"]) == 64
+    for name in RAY_AUTH_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "disabled" if name == "RAY_AUTH_MODE" else "yours")
+        assert not share_ray_auth_token() and os.environ[name] in ("disabled", "yours")
+        monkeypatch.delenv(name)
