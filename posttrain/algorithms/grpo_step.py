@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from posttrain.algorithms.advantages import compute_group_advantages, nonzero_variance_mask
-from posttrain.algorithms.evaluation import greedy_accuracy
+from posttrain.algorithms.evaluation import greedy_accuracy, reference_batch, sampling_accuracy
 from posttrain.algorithms.grpo_config import GRPOConfig, GRPOMasterConfig
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.runtime import Runtime
@@ -166,7 +166,11 @@ def token_mult_prob_error(gen_logprobs: torch.Tensor, train_logprobs: torch.Tens
 
 
 def validate(rt: Runtime, val: list[MathProblem], cfg: GRPOMasterConfig) -> dict[str, float]:
-    return {"val/accuracy": greedy_accuracy(rt.engine, rt.chat, val, cfg.generation.max_new_tokens)}
+    """``val/accuracy``: the engine's greedy accuracy on ``val``; ``val/sampling_accuracy``: the
+    policy's probability of sampling each reference answer, averaged (``sampling_accuracy``: smooth
+    in the weights, where greedy accuracy jumps; the functional tests judge the run's gain on it)."""
+    return {"val/accuracy": greedy_accuracy(rt.engine, rt.chat, val, cfg.generation.max_new_tokens),
+            "val/sampling_accuracy": sampling_accuracy(rt.policy, reference_batch(rt.chat, val))}
 
 
 def learn(rt: Runtime, rollouts: Rollouts, cfg: GRPOMasterConfig, loss_fn: ClippedPGLoss, timer: Timer,

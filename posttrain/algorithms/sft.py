@@ -13,11 +13,11 @@ import time
 from pydantic import Field, model_validator
 
 from posttrain.algorithms import checkpointing
-from posttrain.algorithms.evaluation import greedy_accuracy, is_validation_step
+from posttrain.algorithms.evaluation import greedy_accuracy, is_validation_step, reference_batch
 from posttrain.algorithms.loss_functions import NLLLoss
 from posttrain.algorithms.runtime import Runtime, open_run
 from posttrain.config import RunConfig, Section
-from posttrain.data.batch import TokenBatch, make_batch
+from posttrain.data.batch import TokenBatch
 from posttrain.data.chat import ChatEncoder
 from posttrain.data.datasets import load_problems
 from posttrain.data.sampler import EpochSampler
@@ -56,8 +56,7 @@ class SFTMasterConfig(RunConfig):
 
 def sft_batch(chat: ChatEncoder, problems: list[MathProblem]) -> TokenBatch:
     """Prompt = question, completion = reference solution + EOS (the trained tokens)."""
-    pairs = [chat.sft_example(p.question, p.solution) for p in problems]
-    return make_batch([p for p, _ in pairs], [c for _, c in pairs], chat.tokenizer.pad_token_id)
+    return reference_batch(chat, problems)
 
 
 def validate(rt: Runtime, val_batch: TokenBatch, val: list[MathProblem], cfg: SFTMasterConfig) -> dict[str, float]:

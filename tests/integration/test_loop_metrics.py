@@ -307,6 +307,34 @@ def test_grpo_validation_accuracy_is_the_fraction_of_right_answers(grpo_run, tok
         assert expected == pytest.approx(3 / 9)  # every third of the 9 held-out problems
 
 
+def test_grpo_validation_sampling_accuracy_is_the_probability_of_the_reference_answers(grpo_run, tokenizer) -> None:
+    """``val/sampling_accuracy`` at a step = the mean over held-out problems of the probability that the
+    policy, with that step's weights, samples exactly the reference answer and EOS (recomputed here
+    by a plain forward per problem, the prompts taken from the engine's validation calls)."""
+    from transformers import AutoModelForCausalLM
+
+    run, cfg, model_path = grpo_run
+    greedy = [c for c in run.recorder.calls if c.method == "generate" and c.kwargs["params"].greedy]
+    weights_at = {"0": run.calls("policy", "train")[0].weights_before,
+                  "3": run.workers("policy")[0].impl.get_weights()}
+    assert sorted(run.metrics["val/sampling_accuracy"], key=int) == ["0", "3"]
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    values = {}
+    for (step, weights), call in zip(weights_at.items(), greedy, strict=True):
+        model.load_state_dict(weights)
+        probabilities = []
+        for prompt in call.args[0]:
+            answer = tokenizer.encode(str(eval_sum(tokenizer.decode(prompt)))) + [tokenizer.eos_token_id]
+            ids = torch.tensor([list(prompt) + answer])
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float() / cfg.generation.temperature
+            probabilities.append(math.exp(float(logits.log_softmax(-1)[torch.arange(len(answer)),
+                                                                      torch.tensor(answer)].sum())))
+        values[step] = statistics.fmean(probabilities)
+        assert run.metrics["val/sampling_accuracy"][step] == pytest.approx(values[step], rel=1e-4), step
+    assert values["3"] != pytest.approx(values["0"], rel=1e-3)  # the weights moved: a value frozen at step 0 fails
+
+
 @pytest.fixture(scope="module")
 def sft_run(tiny_model_path, tmp_path_factory, tokenizer):
     from in_process import InProcess

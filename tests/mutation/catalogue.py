@@ -272,12 +272,12 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{LOOP_DATA}::test_arithmetic_loaders_split_train_and_validation_disjointly",), klass="leakage"),
     # --- issue 12: SFT trained on the wrong tokens ---------------------------------------------------
     Mutant("sft_on_final_answer_only", "SFT trains on the final answer, not the worked solution (GSM8K)",
-           "posttrain/algorithms/sft.py",
+           "posttrain/algorithms/evaluation.py",
            (("chat.sft_example(p.question, p.solution)", "chat.sft_example(p.question, p.answer)"),),
            (f"{LOOP_DATA}::test_sft_on_gsm8k_trains_on_the_worked_solution_not_just_the_final_answer",),
            klass="sft-tokens"),
     Mutant("sft_eos_not_trained", "SFT drops the EOS from the trained tokens: the model never learns to stop",
-           "posttrain/algorithms/sft.py",
+           "posttrain/algorithms/evaluation.py",
            (("[c for _, c in pairs], chat.tokenizer.pad_token_id)",
              "[c[:-1] for _, c in pairs], chat.tokenizer.pad_token_id)"),),
            (f"{SFT_TOKENS}", f"{LOOP_DATA}::test_sft_rows_train_on_each_problems_own_solution"), klass="sft-tokens"),
@@ -741,6 +741,14 @@ MUTANTS: tuple[Mutant, ...] = (
            (("        parallel.share_ray_auth_token()  # workers", "        None  # workers"),),
            ("tests/unit/testing/harness/test_harness_parallel.py::"
             "test_a_workers_cluster_starts_after_another_worker_rewrote_the_ray_token_file",), klass="harness"),
+    Mutant("sampling_accuracy_averages_the_logprobs", "val/sampling_accuracy takes exp of the mean logprob over the "
+           "row (padding counted), not of the sum over the answer's tokens: a per-token geometric mean that reads "
+           "high whatever the answer's probability",
+           "posttrain/algorithms/evaluation.py",
+           (("    per_row = torch.exp((logprobs * batch.completion_mask).sum(dim=1))",
+             "    per_row = torch.exp((logprobs * batch.completion_mask).mean(dim=1))"),),
+           ("tests/integration/test_loop_metrics.py::"
+            "test_grpo_validation_sampling_accuracy_is_the_probability_of_the_reference_answers",), klass="metrics"),
     Mutant("learn_timed_as_reward", "learn times its advantages under the scoring's phase: timing/reward adds the "
            "two and says it is the verifier's",
            "posttrain/algorithms/grpo_step.py",

@@ -45,7 +45,7 @@ MAX_NAMED_STEPS = 8  # steps a rule names, each tried missing on its own
 # fmt: off
 METRIC_DOMAINS: tuple[tuple[str, float, float], ...] = (
     ("train/accuracy", 0.0, 1.0), ("train/clip_fraction", 0.0, 1.0),
-    ("train/fraction_groups_kept", 0.0, 1.0), ("val/accuracy", 0.0, 1.0),
+    ("train/fraction_groups_kept", 0.0, 1.0), ("val/accuracy", 0.0, 1.0), ("val/sampling_accuracy", 0.0, 1.0),
     ("async/dropped_fraction", 0.0, 1.0),
     ("train/grad_norm", 0.0, math.inf), ("train/entropy", 0.0, math.inf),
     ("train/kl", 0.0, math.inf), ("train/lr", 0.0, math.inf),

@@ -38,6 +38,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "train/accuracy": (0.0, 1.0),                   # completions with reward 1 / completions
     "train/fraction_groups_kept": (0.0, 1.0),       # groups with reward variance / groups
     "val/accuracy": (0.0, 1.0),                     # problems solved / problems
+    "val/sampling_accuracy": (0.0, 1.0),            # mean of probabilities
     "async/dropped_fraction": (0.0, 1.0),           # dropped samples / claimed samples
     "train/token_mult_prob_error": (1.0, INF),      # mean of exp(|logp_engine - logp_trainer|) >= exp(0)
     "train/refit_token_mult_prob_error": (1.0, INF),  # the same over the probe's tokens
