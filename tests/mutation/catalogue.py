@@ -749,6 +749,14 @@ MUTANTS: tuple[Mutant, ...] = (
              "    per_row = torch.exp((logprobs * batch.completion_mask).mean(dim=1))"),),
            ("tests/integration/test_loop_metrics.py::"
             "test_grpo_validation_sampling_accuracy_is_the_probability_of_the_reference_answers",), klass="metrics"),
+    Mutant("xdist_worker_keeps_a_leaked_thread_count", "a test that leaves torch on more threads (or torch "
+           "imported before the worker's configure) hands them to every later test of its worker: 16 workers x 16 "
+           "OpenMP threads on 16 cores",
+           "posttrain/testing/harness/parallel.py",
+           (("        if torch is not None and torch.get_num_threads() != self.share:",
+             "        if False:"),),
+           ("tests/unit/testing/harness/test_harness_parallel.py::"
+            "test_a_test_that_leaves_torch_on_more_threads_does_not_hand_them_to_the_next",), klass="harness"),
     Mutant("learn_timed_as_reward", "learn times its advantages under the scoring's phase: timing/reward adds the "
            "two and says it is the verifier's",
            "posttrain/algorithms/grpo_step.py",

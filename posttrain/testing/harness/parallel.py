@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -95,7 +96,7 @@ def available_cpus() -> int:
 
 def limit_worker_threads(config: pytest.Config) -> int:
     """Worker: set ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` / ``RAYON_NUM_THREADS`` (where unset) to this
-    worker's share; returns it. The worker's Ray actors inherit them.
+    worker's share; returns the worker's torch thread count (``OMP_NUM_THREADS``: yours where you set it). The worker's Ray actors inherit them.
     Also ``RAY_worker_niceness=0`` (where unset): this worker's Ray actors compete with the other
     workers' tests on equal terms (Ray's default nice 15 lets those starve them).
 
@@ -106,7 +107,8 @@ def limit_worker_threads(config: pytest.Config) -> int:
     for name in THREAD_ENV_VARS:
         os.environ.setdefault(name, str(share))
     os.environ.setdefault(RAY_NICENESS_ENV, "0")
-    return share
+    own = os.environ["OMP_NUM_THREADS"]
+    return int(own) if own.isdigit() and int(own) > 0 else share
 
 
 def share_ray_auth_token() -> bool:
@@ -143,6 +145,28 @@ def heaviest_modules_first(nodeids: Sequence[str], durations: Mapping[str, float
     weight = {m: math.fsum(weights[n] for n in ids) for m, ids in modules.items()}
     order = sorted(modules, key=lambda m: -weight[m])  # stable: ties stay in collection order
     return [nodeid for module in order for nodeid in modules[module]]
+
+
+class WorkerThreads:
+    """Worker hook: every test starts with torch at the worker's share of threads.
+
+    ``OMP_NUM_THREADS`` reaches torch only if nothing imported it (or loaded libgomp) before the
+    worker's ``pytest_configure``, and a test may leave its own count behind. On the 16-core H200
+    host, under ``-n auto``, workers running the in-process loop tests spun an OpenMP team of 16
+    (15 threads in ``gomp_team_barrier_wait_end``, the main thread in ``GOMP_parallel`` from the
+    fused AdamW and the CPU flash-attention backward; py-spy and cuda-gdb, 2 dumps): 16 workers x
+    16 threads, load 60-67, a 10 s test took 240 s. ``torch.set_num_threads`` resets torch's
+    count and the OpenMP/MKL ones of the calling thread.
+    """
+
+    def __init__(self, share: int):
+        self.share = share
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.get_num_threads() != self.share:
+            torch.set_num_threads(self.share)
 
 
 class WorkerSchedule:

@@ -71,7 +71,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(RayLeakCheck(), "posttrain-ray-leaks")
     config.pluginmanager.register(UnitResults(config), "posttrain-unit-results")
     if role == "worker":
-        parallel.limit_worker_threads(config)
+        config.pluginmanager.register(parallel.WorkerThreads(parallel.limit_worker_threads(config)),
+                                      "posttrain-xdist-threads")
         config.pluginmanager.register(parallel.WorkerSchedule(config, shards.durations_from_options(config)),
                                       "posttrain-xdist-worker")
     elif role == "controller":

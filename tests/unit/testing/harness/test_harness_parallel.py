@@ -239,3 +239,26 @@ def test_a_ray_token_setting_of_your_own_is_left_alone(monkeypatch):
         monkeypatch.setenv(name, "disabled" if name == "RAY_AUTH_MODE" else "yours")
         assert not share_ray_auth_token() and os.environ[name] in ("disabled", "yours")
         monkeypatch.delenv(name)
+
+
+def test_a_test_that_leaves_torch_on_more_threads_does_not_hand_them_to_the_next(pytester, monkeypatch):
+    """Each test in a worker starts with torch at the worker's share. Under -n auto on the 16-core host,
+    workers running the in-process loop tests spun OpenMP teams of 16 (15 threads waiting in libgomp's
+    barrier, the main thread in GOMP_parallel): 16 workers x 16 threads, a 10 s test took 240 s."""
+    monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "0")
+    for name in THREAD_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    workers = 2
+    share = thread_share(available_cpus(), workers)
+    pytester.makepyfile(test_leak=(
+        "import torch\n\n"
+        "def test_0_leaves_threads():\n"
+        f"    torch.set_num_threads({share + 2})\n\n"
+        "def test_1_starts(tracker):\n"
+        "    tracker.track('torch_threads', torch.get_num_threads())\n"))
+    pytester.makeini("[pytest]\nposttrain_harness = true\n")
+    (pytester.path / "durations.json").write_text("{}")
+    monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
+    run(pytester, workers)  # --dist loadfile: both tests in one worker, in order
+    [got] = [m for m in metrics(pytester).values() if "torch_threads" in m]
+    assert got["torch_threads"] == share, got
