@@ -96,7 +96,8 @@ def available_cpus() -> int:
 
 def limit_worker_threads(config: pytest.Config) -> int:
     """Worker: set ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` / ``RAYON_NUM_THREADS`` (where unset) to this
-    worker's share; returns the worker's torch thread count (``OMP_NUM_THREADS``: yours where you set it). The worker's Ray actors inherit them.
+    worker's share; returns the worker's torch thread count (``OMP_NUM_THREADS``: yours where you set it).
+    The worker's Ray actors inherit them.
     Also ``RAY_worker_niceness=0`` (where unset): this worker's Ray actors compete with the other
     workers' tests on equal terms (Ray's default nice 15 lets those starve them).
 
