@@ -285,8 +285,10 @@ def test_grpo_probe_metrics_compare_the_engine_with_the_trainer(grpo_run) -> Non
     run, _, _ = grpo_run
     for step, calls in enumerate(steps_of(run), start=1):
         score = first(calls, "generation", "score")
-        trainer_calls = [c for c in calls if c.role == "policy" and c.method == "get_logprobs"]
-        trainer = trainer_calls[-1].result  # the probe batch, scored after the refit
+        # the probe batch, scored after the refit over the whole vocabulary (validation's call is not)
+        trainer_calls = [c for c in calls if c.role == "policy" and c.method == "get_logprobs"
+                         and c.kwargs.get("whole_vocab")]
+        trainer = trainer_calls[-1].result
         gaps = [abs(e - float(t)) for row, t_row in zip(score.result, trainer, strict=True)
                 for e, t in zip(row, t_row[: len(row)], strict=True)]
         assert run.metrics["train/refit_logprob_error"][str(step)] == pytest.approx(statistics.fmean(gaps), rel=1e-5)
