@@ -100,7 +100,19 @@ check_run() {
 # (BACKEND=hf to run it on Hugging Face generate, BACKEND=auto for vLLM when installed),
 # then its rules. SEED seeds the model init, the SFT and the GRPO run; WARM_START=DIR starts
 # from an existing warm start instead of training one (to compare two GRPO runs from one).
-# MIN_VAL_GAIN is the held-out accuracy gain the run must show (default 0.15). Rules in the
+# MIN_VAL_GAIN is the held-out gain the run must show (default 0.02), in *sampling accuracy*
+# (val/sampling_accuracy: the policy's exact probability of sampling each of the 500 held-out
+# reference answers, averaged; posttrain.algorithms.evaluation.sampling_accuracy), last
+# evaluation minus step 0. Greedy accuracy (val/accuracy) is logged, not judged: a step function
+# of the logits, it jumps +-0.05 between evaluations, and its old bound (0.15) failed 5 of 24
+# healthy runs (seeds 0-7 x 3 machine types: 1 AMD, 1 Xeon, 3 H100). Calibration of grpo.sh at
+# 300 steps, seeds 0-7 (the seed moves the warm start and GRPO; another machine moves the
+# trajectory as much), gain in sampling accuracy, mean / sd / worst, (mean - 0.02) / sd:
+#   AMD EPYC, 2 cores, vLLM                 0.262 / 0.044 / 0.192    5.5
+#   Xeon (H100 host), 2 pinned cores, hf    0.283 / 0.085 / 0.147    3.1
+#   H100 GPU, fp32, hf                      0.278 / 0.087 / 0.140    3.0
+#   grpo_lora.sh, AMD, seeds 0-2            0.226 / 0.037 / 0.186;  grpo_async.sh 0.259 / 0.036 / 0.233
+# Under the catalogue mutant advantages_zeroed the gain is 0.0: FAIL (docs/testing.md). Rules in the
 # array GRPO_EXTRA_RULES are checked with the others (grpo_async.sh's), and PROBS_RATIO_MIN /
 # PROBS_RATIO_MAX / CLIP_FRACTION_MEAN (default 0.5 / 2 / 0.05) bound the median probability
 # ratios and the mean clip fraction (an off-policy run's ratios spread wider). Overrides go to
@@ -130,7 +142,7 @@ grpo_functional() {
   run_job examples/run_grpo.py --config "$config" \
     model.path="$warm_start" grpo.seed="$seed" logger.log_dir="$WORK/logs" "${overrides[@]}"
 
-  # val/accuracy is logged at step 0 (before any update) and at the last step. The grpo pack
+  # val/* is logged at step 0 (before any update) and at the last step. The grpo pack
   # adds: loss, grad norm and KL finite on every step, grad norm non-zero, reward groups with
   # variance on every step, entropy above a floor, loss / grad norm / entropy / KL / reward not
   # constant over the run, engine/trainer logprob agreement on the rollouts. Probability ratios are judged by their median over steps: the per-step min/max
@@ -138,7 +150,7 @@ grpo_functional() {
   # (seed 2). The weight-sync probe after every refit (the run itself stops past
   # generation.refit_probe.max_logprob_error) must stay at float rounding: fp32 on both sides.
   check_run "$WORK/logs" --expect-steps "$expect_steps" --pack grpo \
-    "mean(data[\"val/accuracy\"], -1) - data[\"val/accuracy\"][\"0\"] >= ${MIN_VAL_GAIN:-0.15}" \
+    "mean(data[\"val/sampling_accuracy\"], -1) - data[\"val/sampling_accuracy\"][\"0\"] >= ${MIN_VAL_GAIN:-0.02}" \
     "mean(data[\"train/reward_mean\"], -$tenth) > mean(data[\"train/reward_mean\"], 1, $((tenth + 1)))" \
     'max(data["train/grad_norm"]) < 100' \
     'max(data["train/loss"]) < 10' \
