@@ -6,8 +6,9 @@ repository, rounded to 5 significant digits:
 - ``grpo_vllm_healthy.json``: the 300-step GRPO run of grpo.sh on the vLLM CPU engine (seed 0),
   val/sampling_accuracy 0.186 -> 0.451 (val/accuracy 0.378 -> 0.626), with the weight-sync probe's
   metrics (``train/*`` and ``val/*`` only; no ``train/kl``: grpo.sh has no KL term).
-- ``grpo_collapsed.json``: a GRPO run from a weaker warm start whose reward fell from ~0.2 to
-  ~0 (30 steps with zero gradient); val/accuracy 0.33 -> 0.02.
+- ``grpo_collapsed.json``: grpo.sh at 200 steps with policy.lr=2.5e-3 (8x its own): the reward fell
+  from 0.25 to 0 within the first steps and stayed there (194 steps with zero gradient, entropy ~1e-4);
+  val/sampling_accuracy 0.186 -> 3e-12, val/accuracy 0.378 -> 0.
 - ``sft_gsm8k.json``: a 60-step run of sft.sh's GSM8K SFT (an earlier 60-step config).
 - ``grpo_async_healthy.json``: the 300-step run of grpo_async.sh (k = 1, vLLM CPU engine, grpo.sh's
   warm start, seed 0), val/sampling_accuracy 0.186 -> 0.419 (``train/*``, ``val/*``, ``async/*``).
