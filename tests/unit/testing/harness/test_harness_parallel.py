@@ -135,16 +135,26 @@ def test_auto_starts_one_worker_per_cpu_of_the_affinity_mask_not_per_core_of_the
     result.stdout.fnmatch_lines(["created: 2/2 workers"])
 
 
-def test_a_fast_tokenizer_in_a_worker_starts_only_its_share_of_threads(pytester, monkeypatch):
-    """A batch encode by Hugging Face's Rust tokenizers starts its rayon pool: one thread per core of the
-    machine unless bounded. In an xdist worker it must be the worker's share, like torch's threads."""
+@pytest.fixture
+def bare(pytester, monkeypatch):
+    """An empty inner tree with the harness on, no durations, results under it, no GPU, and none of the
+    outer run's thread limits (an outer xdist worker's would be inherited): add one test module."""
     monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "0")
     for name in THREAD_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
+    pytester.makeini("[pytest]\nposttrain_harness = true\n")
+    (pytester.path / "durations.json").write_text("{}")
+    monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
+    return pytester
+
+
+def test_a_fast_tokenizer_in_a_worker_starts_only_its_share_of_threads(bare, monkeypatch):
+    """A batch encode by Hugging Face's Rust tokenizers starts its rayon pool: one thread per core of the
+    machine unless bounded. In an xdist worker it must be the worker's share, like torch's threads."""
     # tokenizers turns its pool off (this variable, false) in a process forked after the pool ran:
     # an outer xdist worker that tokenized before would hand that on
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
-    pytester.makepyfile(test_tok=(
+    bare.makepyfile(test_tok=(
         "import os\n"
         "from tokenizers import Tokenizer, models, pre_tokenizers\n\n"
         "def test_encode(tracker):\n"
@@ -153,12 +163,9 @@ def test_a_fast_tokenizer_in_a_worker_starts_only_its_share_of_threads(pytester,
         "    before = len(os.listdir('/proc/self/task'))\n"
         "    tok.encode_batch(['a b a b'] * 512)\n"
         "    tracker.track('new_threads', len(os.listdir('/proc/self/task')) - before)\n"))
-    pytester.makeini("[pytest]\nposttrain_harness = true\n")
-    (pytester.path / "durations.json").write_text("{}")
-    monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
     workers = 2
-    run(pytester, workers)
-    [got] = metrics(pytester).values()
+    run(bare, workers)
+    [got] = metrics(bare).values()
     share = thread_share(available_cpus(), workers)
     assert 1 <= got["new_threads"] <= share, (got, share)
 
@@ -202,18 +209,18 @@ def test_nothing_ran_still_exits_5(tree):
     run(tree, 2, "--fail-on-nothing-ran", "-k", "test_s", ret=5)
 
 
-def test_a_workers_cluster_starts_after_another_worker_rewrote_the_ray_token_file(pytester, monkeypatch):
+def test_a_workers_cluster_starts_after_another_worker_rewrote_the_ray_token_file(bare, monkeypatch):
     """Ray writes ``~/.ray/auth_token`` for the first local cluster of a machine and reads it again at
     every start. xdist workers starting their clusters at once race on that file: on the 16-core host
     one worker of ``-n auto`` read a token that another then overwrote and failed every later start
     ("Failed to start GCS", InvalidAuthToken: 8 errors). Here a worker starts a cluster, the file is
     rewritten as a racing worker would, and the same worker starts another, which must come up."""
-    home = pytester.path / "home"
+    home = bare.path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))  # no token file yet: a fresh machine
     for name in RAY_AUTH_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-    pytester.makepyfile(test_ray_token=(
+    bare.makepyfile(test_ray_token=(
         "import pathlib\nimport secrets\n\nimport ray\n\nfrom posttrain.distributed.ray_cluster import init_ray\n\n\n"
         "def start_and_stop():\n"
         "    init_ray(address='local', num_cpus=1)\n"
@@ -224,10 +231,7 @@ def test_a_workers_cluster_starts_after_another_worker_rewrote_the_ray_token_fil
         "    token.parent.mkdir(exist_ok=True)\n"
         "    token.write_text(secrets.token_hex(32))  # another worker's first start, a moment later\n"
         "    start_and_stop()\n"))
-    pytester.makeini("[pytest]\nposttrain_harness = true\n")
-    (pytester.path / "durations.json").write_text("{}")
-    monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
-    run(pytester, 1)
+    run(bare, 1)
 
 
 def test_a_ray_token_setting_of_your_own_is_left_alone(monkeypatch):
@@ -241,24 +245,18 @@ def test_a_ray_token_setting_of_your_own_is_left_alone(monkeypatch):
         monkeypatch.delenv(name)
 
 
-def test_a_test_that_leaves_torch_on_more_threads_does_not_hand_them_to_the_next(pytester, monkeypatch):
+def test_a_test_that_leaves_torch_on_more_threads_does_not_hand_them_to_the_next(bare):
     """Each test in a worker starts with torch at the worker's share. Under -n auto on the 16-core host,
     workers running the in-process loop tests spun OpenMP teams of 16 (15 threads waiting in libgomp's
     barrier, the main thread in GOMP_parallel): 16 workers x 16 threads, a 10 s test took 240 s."""
-    monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "0")
-    for name in THREAD_ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
     workers = 2
     share = thread_share(available_cpus(), workers)
-    pytester.makepyfile(test_leak=(
+    bare.makepyfile(test_leak=(
         "import torch\n\n"
         "def test_0_leaves_threads():\n"
         f"    torch.set_num_threads({share + 2})\n\n"
         "def test_1_starts(tracker):\n"
         "    tracker.track('torch_threads', torch.get_num_threads())\n"))
-    pytester.makeini("[pytest]\nposttrain_harness = true\n")
-    (pytester.path / "durations.json").write_text("{}")
-    monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
-    run(pytester, workers)  # --dist loadfile: both tests in one worker, in order
-    [got] = [m for m in metrics(pytester).values() if "torch_threads" in m]
+    run(bare, workers)  # --dist loadfile: both tests in one worker, in order
+    [got] = [m for m in metrics(bare).values() if "torch_threads" in m]
     assert got["torch_threads"] == share, got
