@@ -172,7 +172,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("fused_old_logprobs_keep_grad", "one-step train calls take old = the forward's logprobs undetached: "
            "the ratio's gradient is 0, nothing learns",
            "posttrain/models/policy/base_policy_worker.py",
-           (("forward_old.append(logprobs.detach())", "forward_old.append(logprobs)"),),
+           # the loss's old logprobs (the data-parallel review moved them off forward_old, which only
+           # returns them: the anchor there had become an equivalent mutant, passed by its test)
+           (('data.setdefault("old_logprobs", logprobs.detach())', 'data.setdefault("old_logprobs", logprobs)'),),
            (f"{LOOP_METRICS}::test_one_optimizer_step_scores_the_old_policy_in_its_train_forward",)),
     Mutant("old_logprobs_from_updated_weights", "a train call of several optimizer steps takes each step's old "
            "logprobs from its own forward: later steps' ratios are 1 against already-updated weights",
