@@ -18,7 +18,6 @@ from posttrain.algorithms.loss_functions import NLLLoss
 from posttrain.algorithms.runtime import Runtime, open_run
 from posttrain.config import RunConfig, Section
 from posttrain.data.batch import TokenBatch
-from posttrain.data.chat import ChatEncoder
 from posttrain.data.datasets import load_problems
 from posttrain.data.sampler import EpochSampler
 from posttrain.data.types import MathProblem
@@ -54,11 +53,6 @@ class SFTMasterConfig(RunConfig):
         return self
 
 
-def sft_batch(chat: ChatEncoder, problems: list[MathProblem]) -> TokenBatch:
-    """Prompt = question, completion = reference solution + EOS (the trained tokens)."""
-    return reference_batch(chat, problems)
-
-
 def validate(rt: Runtime, val_batch: TokenBatch, val: list[MathProblem], cfg: SFTMasterConfig) -> dict[str, float]:
     """``val/loss`` (token-mean NLL of held-out solutions) and, if enabled, ``val/accuracy``
     with the weight-sync probe's errors of the refit before it (``train/refit_*``; a stale
@@ -83,7 +77,7 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
     # An engine only when validation generates: SFT itself never samples.
     with open_run(cfg, cfg.sft.seed, cfg.sft.num_steps, "SFT",
                   with_generation=cfg.sft.val_accuracy, with_reference=False) as (rt, logger, resumed_at):
-        val_batch = sft_batch(rt.chat, val_problems[: cfg.sft.val_loss_size])
+        val_batch = reference_batch(rt.chat, val_problems[: cfg.sft.val_loss_size])
         if resumed_at == 0:
             metrics = validate(rt, val_batch, val_problems, cfg)
             logger.log(metrics, step=0)
@@ -99,7 +93,7 @@ def train(cfg: SFTMasterConfig) -> dict[str, dict[str, float]]:
                 break
             start = time.perf_counter()
             with timer.time("data"):
-                batch = sft_batch(rt.chat, sampler.batch(step))
+                batch = reference_batch(rt.chat, sampler.batch(step))
             with timer.time("train"):
                 trained = rt.policy.train(batch, {}, NLLLoss())
             metrics = {f"train/{k}": v for k, v in trained.metrics.items()}

@@ -1,6 +1,6 @@
 """SFT trains on exactly the response tokens: the solution and the EOS after it.
 
-The loss of ``sft.sft_batch`` through the policy worker equals a negative log-likelihood
+The loss of ``evaluation.reference_batch`` (SFT's batches) through the policy worker equals a negative log-likelihood
 computed here problem by problem, with no batching, padding or chat template: the question's
 characters as the prompt, the solution's characters and EOS as the scored tokens. And the
 loss does not depend on the model's predictions of prompt or padding tokens: their logits
@@ -13,8 +13,8 @@ import pytest
 import torch
 from harness.policy_backends import BACKENDS, make_worker
 
+from posttrain.algorithms.evaluation import reference_batch
 from posttrain.algorithms.loss_functions import NLLLoss
-from posttrain.algorithms.sft import sft_batch
 from posttrain.data.chat import ChatEncoder
 from posttrain.data.types import MathProblem
 
@@ -51,14 +51,14 @@ def test_sft_loss_is_the_nll_of_exactly_the_solution_tokens(backend, tiny_model_
     policy = make_worker(backend, tiny_model_path, lr=1e-3, train_global_batch_size=4, train_micro_batch_size=2)
     start = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()  # the policy's start
     expected = independent_nll(start, tokenizer, PROBLEMS)
-    batch = sft_batch(ChatEncoder(tokenizer), PROBLEMS)
+    batch = reference_batch(ChatEncoder(tokenizer), PROBLEMS)
     metrics = policy.train(batch, {}, NLLLoss())  # the loss is measured before the update
     assert metrics["loss"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_prompt_and_padding_positions_get_no_gradient(tiny_model_path, tokenizer) -> None:
     policy = make_worker("hf", tiny_model_path, lr=1e-3, train_global_batch_size=4, train_micro_batch_size=4)
-    batch = sft_batch(ChatEncoder(tokenizer), PROBLEMS)
+    batch = reference_batch(ChatEncoder(tokenizer), PROBLEMS)
     captured = []
 
     def keep_logits(module, args, output):
