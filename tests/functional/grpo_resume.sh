@@ -43,6 +43,8 @@ if ! grep -q "^resumed from $ckpt/step_[0-9]* " "$WORK/resumed_run.log"; then
   echo "the second run did not resume from a checkpoint in $ckpt" >&2
   exit 1
 fi
+# The shared sampling-accuracy bound (common.sh's table is for 300 steps); at 200 steps it was
+# measured once, seed 0 on the AMD machine: 0.174. No multi-seed or multi-machine table yet.
 check_run "$logs" --expect-steps "$steps" --pack grpo \
   "mean(data[\"val/sampling_accuracy\"], -1) - data[\"val/sampling_accuracy\"][\"0\"] >= ${MIN_VAL_GAIN:-0.02}"
 compare_runs "$reference" "$logs/metrics.json" 1e-6
