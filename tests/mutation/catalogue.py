@@ -47,6 +47,8 @@ RESULTS = "tests/unit/testing/harness/test_harness_results.py"
 TRACKER = "tests/unit/testing/harness/test_harness_tracker.py"
 SAMPLING_TESTS = "tests/unit/models/generation/test_sampling_distribution.py"
 PRECISION_TESTS = "tests/unit/models/policy/test_precision.py"
+MCORE_GEN_TESTS = "tests/unit/models/megatron/test_megatron_generation.py"
+MCORE_SAMPLER = "posttrain/models/megatron/inference.py"
 
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
 # the others are the classes of issue 12.
@@ -57,7 +59,9 @@ CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "sta
            # another place (9); classes 1, 4, 5 and 6 extend resume, precision, config and prompts
            "sampling", "one-of-several", "rules", "harness", "same-bug-elsewhere",
            # issue 34: a recorded run and its replay that differ (what was sampled, scored or trained on)
-           "replay")
+           "replay",
+           # issue 33: an engine whose samples, logprobs or weights are not the policy's
+           "megatron-generation")
 
 
 @dataclass(frozen=True)
@@ -359,7 +363,8 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{MCORE_TESTS}::test_train_steps_equal_the_hf_workers",), klass="megatron", tier="mcore"),
     Mutant("megatron_reference_is_policy", "the Megatron reference model is the trained model: the KL never binds",
            MCORE_WORKER,
-           (("_load_local(self.reference, shard)", "_load_local(self.reference, shard); self.reference = model"),),
+           (("load_local_state(self.reference, shard)",
+             "load_local_state(self.reference, shard); self.reference = model"),),
            (f"{LEARNING}::test_reference_policy_stays_frozen",), klass="megatron", tier="mcore"),
     Mutant("megatron_nonfinite_step_taken", "a NaN gradient is applied: the weights turn NaN",
            MCORE_WORKER,
@@ -555,10 +560,10 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{ASYNC}::test_a_resumed_async_run_samples_its_first_step_with_the_restored_weights",), klass="resume"),
     Mutant("megatron_reference_from_checkpoint", "a resumed Megatron run loads the checkpoint into the KL reference "
            "too", MCORE_WORKER,
-           (("        _load_local(self.model, hf_to_megatron(",
-             "        _load_local(self.reference or self.model,\n"
+           (("        load_local_state(self.model, hf_to_megatron(",
+             "        load_local_state(self.reference or self.model,\n"
              "                    hf_to_megatron(_read_hf_weights(path), self.shape, self.rank, self.tp))\n"
-             "        _load_local(self.model, hf_to_megatron("),),
+             "        load_local_state(self.model, hf_to_megatron("),),
            (f"{RESUME}::test_a_loaded_checkpoint_trains_on_from_its_weights_against_the_initial_reference[megatron]",),
            klass="resume", tier="mcore"),
     Mutant("megatron_ranks_load_rank0_optimizer", "every tensor-parallel rank restores rank 0's optimizer shard (same "
@@ -868,4 +873,43 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/unit/models/generation/test_refit_probe.py::test_hf_partial_refit_is_refused",
             "tests/unit/models/generation/test_refit_probe.py::test_hf_refit_with_an_unknown_name_or_a_wrong_shape_is_one_line"),
            klass="same-bug-elsewhere"),
+    Mutant("ray_leak_check_never_settles", "a module fixture's actors are recorded before the GCS lists them: on a "
+           "loaded machine they are blamed on the first test that uses them (a false leak error)",
+           "posttrain/testing/harness/ray_leaks.py",
+           (("(_settled_ids() if RAY_FIXTURE in request.fixturenames else self._ids())",
+             "(self._ids() if RAY_FIXTURE in request.fixturenames else self._ids())"),),
+           ("tests/unit/testing/harness/test_harness_ray_leaks.py::"
+            "test_only_fixtures_of_a_test_that_uses_ray_wait_for_their_actors_to_settle",), klass="harness"),
+    # --- issue 33: generation with megatron-core's inference loop (--mcore-only, 1 GPU) -----------
+    Mutant("megatron_sampler_raw_logprobs", "the engine returns the raw logits' logprobs (megatron's own), not "
+           "those of the tempered, top-k / top-p distribution it sampled from: every importance ratio is off",
+           MCORE_SAMPLER, (("logp = sampling_log_softmax(logits, p.temperature, p.top_k, p.top_p)\n",
+                            "logp = sampling_log_softmax(logits, p.temperature, p.top_k, p.top_p)\n"
+                            "            raw = torch.log_softmax(logits, dim=-1)\n"),
+                           ("self.logprobs.append(logp.gather(",
+                            "self.logprobs.append((raw if not p.greedy else logp).gather(")),
+           (f"{MCORE_GEN_TESTS}::test_sampled_logprobs_equal_the_trainers",), klass="megatron-generation",
+           tier="mcore"),
+    Mutant("megatron_sampler_padded_vocab", "the padded vocabulary's ids (zero logits) can be sampled",
+           MCORE_SAMPLER, (("logits = last_token_logits[:, : self.vocab_size].float()",
+                            "logits = last_token_logits.float()"),),
+           (f"{MCORE_GEN_TESTS}::test_sampled_logprobs_equal_the_trainers",), klass="megatron-generation",
+           tier="mcore"),
+    Mutant("megatron_sampler_reads_one_step_late", "a row's completion is read from the step after its prompt ended",
+           MCORE_SAMPLER, (("first = len(prompt) - shortest ", "first = len(prompt) - shortest + 1 "),),
+           (f"{MCORE_GEN_TESTS}::test_greedy_tokens_equal_hf_generates_on_64_prompts_of_mixed_lengths",),
+           klass="megatron-generation", tier="mcore"),
+    Mutant("megatron_sampler_ignores_the_seed", "every call draws from a generator seeded with 0: each GRPO step "
+           "resamples the same completions", MCORE_SAMPLER,
+           (("generator.manual_seed(seed)", "generator.manual_seed(0)"),),
+           (f"{MCORE_GEN_TESTS}::test_a_seed_gives_the_same_samples_and_another_seed_others",),
+           klass="megatron-generation", tier="mcore"),
+    Mutant("megatron_sampler_leaves_the_model_in_eval", "the policy's model comes back from generation in eval()",
+           MCORE_SAMPLER, (("self.model.train(was_training)", "pass"),),
+           (f"{MCORE_GEN_TESTS}::test_the_policys_own_model_samples_as_the_engine_and_stays_in_training_mode",),
+           klass="megatron-generation", tier="mcore"),
+    Mutant("megatron_engine_refit_only_bumps_the_version", "the megatron engine takes a refit's version but keeps "
+           "its old weights", "posttrain/models/generation/megatron_generation_worker.py",
+           (("        self._load_hf(hf)\n        self.version = version", "        self.version = version"),),
+           (f"{MCORE_GEN_TESTS}::test_a_refit_is_served_by_the_next_call",), klass="megatron-generation", tier="mcore"),
 )

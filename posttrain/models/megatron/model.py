@@ -143,3 +143,33 @@ def build_optimizer(model: Any, cfg: PolicyConfig, precision: Precision) -> Any:
         params_dtype=torch.bfloat16 if bf16 else torch.float32, use_distributed_optimizer=False,
     )
     return get_megatron_optimizer(config, [model])
+
+
+def unwrap(model: Any) -> Any:
+    """The ``GPTModel`` inside DDP / ``Float16Module`` wrappers."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def local_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's megatron state dict without megatron's ``_extra_state`` placeholders."""
+    return {k: v for k, v in unwrap(model).state_dict().items() if not k.endswith("_extra_state")}
+
+
+def load_local_state(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Copy ``weights`` (megatron names, this rank's shard) into ``model``'s parameters.
+
+    Raises:
+        KeyError: ``weights`` and the model disagree on the set of names.
+        ValueError: a shape differs.
+    """
+    params = local_state(model)
+    if set(params) != set(weights):
+        raise KeyError(f"megatron weights do not match the model: missing {sorted(set(params) - set(weights))[:3]}, "
+                       f"unexpected {sorted(set(weights) - set(params))[:3]}")
+    with torch.no_grad():
+        for name, target in params.items():
+            if target.shape != weights[name].shape:
+                raise ValueError(f"{name}: model has {tuple(target.shape)}, weights have {tuple(weights[name].shape)}")
+            target.copy_(weights[name])

@@ -21,41 +21,12 @@ import torch
 from posttrain.config import PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch
 from posttrain.models.megatron.conversion import GPTShape, hf_to_megatron, megatron_to_hf
+from posttrain.models.megatron.model import load_local_state, local_state
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 from posttrain.models.precision import use_tf32_for_fp32
 from posttrain.utils.checkpoint import atomic_dir
 
 OPTIMIZER_STATE = "megatron_optimizer_tp{rank}.pt"
-
-
-def _unwrap(model: Any) -> Any:
-    """The ``GPTModel`` inside DDP / ``Float16Module`` wrappers."""
-    while hasattr(model, "module"):
-        model = model.module
-    return model
-
-
-def _local_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """This rank's megatron state dict without megatron's ``_extra_state`` placeholders."""
-    return {k: v for k, v in _unwrap(model).state_dict().items() if not k.endswith("_extra_state")}
-
-
-def _load_local(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Copy ``weights`` (megatron names, this rank's shard) into ``model``'s parameters.
-
-    Raises:
-        KeyError: ``weights`` and the model disagree on the set of names.
-        ValueError: a shape differs.
-    """
-    params = _local_state(model)
-    if set(params) != set(weights):
-        raise KeyError(f"megatron weights do not match the model: missing {sorted(set(params) - set(weights))[:3]}, "
-                       f"unexpected {sorted(set(weights) - set(params))[:3]}")
-    with torch.no_grad():
-        for name, target in params.items():
-            if target.shape != weights[name].shape:
-                raise ValueError(f"{name}: model has {tuple(target.shape)}, weights have {tuple(weights[name].shape)}")
-            target.copy_(weights[name])
 
 
 def _read_hf_weights(model_path: str) -> dict[str, torch.Tensor]:
@@ -108,12 +79,12 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase):
             else torch.device("cpu")
         shard = hf_to_megatron(_read_hf_weights(model_path), self.shape, rank, self.tp)
         model = mc.build_gpt_model(self.shape, self.precision, self.tp)
-        _load_local(model, shard)
+        load_local_state(model, shard)
         self.reference = None  # a run whose loss has no KL term keeps no copy (cfg.reference)
         if cfg.reference:
             # The KL penalty is measured against the policy as it was at the start of training.
             self.reference = mc.build_gpt_model(self.shape, self.precision, self.tp)
-            _load_local(self.reference, shard)
+            load_local_state(self.reference, shard)
             self.reference.eval().requires_grad_(False)
         self.model = mc.wrap_ddp(model)
         self.model.train()
@@ -161,7 +132,7 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase):
         import torch.distributed as dist
         from megatron.core import parallel_state
 
-        local = _local_state(self.model)
+        local = local_state(self.model)
         if self.tp == 1:
             return megatron_to_hf([{k: v.detach().cpu().clone() for k, v in local.items()}], self.shape)
         group = parallel_state.get_tensor_model_parallel_group()
@@ -207,7 +178,7 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase):
     def load_checkpoint(self, path: str) -> None:
         """Restore weights (from the checkpoint's Hugging Face files), this rank's optimizer
         state (fp32 master weights included), the lr schedule and the weight version."""
-        _load_local(self.model, hf_to_megatron(_read_hf_weights(path), self.shape, self.rank, self.tp))
+        load_local_state(self.model, hf_to_megatron(_read_hf_weights(path), self.shape, self.rank, self.tp))
         state = torch.load(Path(path) / OPTIMIZER_STATE.format(rank=self.rank), weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.lr_steps, self.weight_version = state["lr_steps"], state["weight_version"]

@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+from harness.model_files import perturbed_copy
 from harness.policy_backends import make_worker, worker_cfg
 
 from posttrain.algorithms.loss_functions import ClippedPGLoss, NLLLoss
@@ -43,13 +44,6 @@ def hf_model(path: str):
 
 
 @pytest.fixture(scope="module")
-def noisy_tiny(tiny_model_path, tmp_path_factory) -> str:
-    """The tiny model with every weight perturbed (its q/k/v biases start at zero, its norms
-    at one: a converter that dropped or swapped them would go unseen on the original)."""
-    return perturbed_copy(tiny_model_path, tmp_path_factory.mktemp("noisy_tiny"))
-
-
-@pytest.fixture(scope="module")
 def model_25m(tiny_model_path, tmp_path_factory) -> str:
     """A ~26M-parameter Qwen2 (hidden 512, 8 layers, 8 query / 2 key-value heads, vocab 4096)."""
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
@@ -62,19 +56,6 @@ def model_25m(tiny_model_path, tmp_path_factory) -> str:
     Qwen2ForCausalLM(config).save_pretrained(out)
     AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(out)
     return perturbed_copy(str(out), out)
-
-
-def perturbed_copy(path: str, out) -> str:
-    from transformers import AutoTokenizer
-
-    model = hf_model(path)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.02 * torch.randn(p.shape, generator=g))
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(path).save_pretrained(out)
-    return str(out)
 
 
 def grpo_extra(worker, batch, seed: int = 0):
