@@ -76,6 +76,8 @@ class Mutant:
         first: pytest node ids (files or tests) most likely to catch it, run first.
         klass: its silent-failure class, one of ``CLASSES``.
         tier: ``default``, ``vllm`` or ``mcore`` (GPUs), the tier that must catch it.
+        gpus: the GPUs its tier needs to judge it (an ``mcore`` mutant: 2 unless its tests,
+            and the tier's fallback it may reach, need fewer).
     """
 
     name: str
@@ -85,6 +87,12 @@ class Mutant:
     first: tuple[str, ...] = ()
     klass: str = "training"
     tier: str = "default"
+    gpus: int | None = None
+
+    @property
+    def gpus_needed(self) -> int:
+        """``gpus``, else 2 for the mcore tier and 0 for the CPU tiers."""
+        return self.gpus if self.gpus is not None else (2 if self.tier == "mcore" else 0)
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -889,27 +897,28 @@ MUTANTS: tuple[Mutant, ...] = (
                            ("self.logprobs.append(logp.gather(",
                             "self.logprobs.append((raw if not p.greedy else logp).gather(")),
            (f"{MCORE_GEN_TESTS}::test_sampled_logprobs_equal_the_trainers",), klass="megatron-generation",
-           tier="mcore"),
+           tier="mcore", gpus=1),
     Mutant("megatron_sampler_padded_vocab", "the padded vocabulary's ids (zero logits) can be sampled",
            MCORE_SAMPLER, (("logits = last_token_logits[:, : self.vocab_size].float()",
                             "logits = last_token_logits.float()"),),
            (f"{MCORE_GEN_TESTS}::test_sampled_logprobs_equal_the_trainers",), klass="megatron-generation",
-           tier="mcore"),
+           tier="mcore", gpus=1),
     Mutant("megatron_sampler_reads_one_step_late", "a row's completion is read from the step after its prompt ended",
            MCORE_SAMPLER, (("first = len(prompt) - shortest ", "first = len(prompt) - shortest + 1 "),),
            (f"{MCORE_GEN_TESTS}::test_greedy_tokens_equal_hf_generates_on_64_prompts_of_mixed_lengths",),
-           klass="megatron-generation", tier="mcore"),
+           klass="megatron-generation", tier="mcore", gpus=1),
     Mutant("megatron_sampler_ignores_the_seed", "every call draws from a generator seeded with 0: each GRPO step "
            "resamples the same completions", MCORE_SAMPLER,
            (("generator.manual_seed(seed)", "generator.manual_seed(0)"),),
            (f"{MCORE_GEN_TESTS}::test_a_seed_gives_the_same_samples_and_another_seed_others",),
-           klass="megatron-generation", tier="mcore"),
+           klass="megatron-generation", tier="mcore", gpus=1),
     Mutant("megatron_sampler_leaves_the_model_in_eval", "the policy's model comes back from generation in eval()",
            MCORE_SAMPLER, (("self.model.train(was_training)", "pass"),),
            (f"{MCORE_GEN_TESTS}::test_the_policys_own_model_samples_as_the_engine_and_stays_in_training_mode",),
-           klass="megatron-generation", tier="mcore"),
+           klass="megatron-generation", tier="mcore", gpus=1),
     Mutant("megatron_engine_refit_only_bumps_the_version", "the megatron engine takes a refit's version but keeps "
            "its old weights", "posttrain/models/generation/megatron_generation_worker.py",
            (("        self._load_hf(hf)\n        self.version = version", "        self.version = version"),),
-           (f"{MCORE_GEN_TESTS}::test_a_refit_is_served_by_the_next_call",), klass="megatron-generation", tier="mcore"),
+           (f"{MCORE_GEN_TESTS}::test_a_refit_is_served_by_the_next_call",), klass="megatron-generation", tier="mcore",
+           gpus=1),
 )

