@@ -21,7 +21,12 @@ from posttrain.config import (
 from posttrain.data.chat import ChatEncoder
 from posttrain.distributed.transport import Cluster, current_transport
 from posttrain.errors import ConfigError
-from posttrain.models.generation.backends import create_generation, num_bundles, resolve_backend
+from posttrain.models.generation.backends import (
+    check_engine_placement,
+    create_generation,
+    num_bundles,
+    resolve_backend,
+)
 from posttrain.models.generation.engine_group import EngineGroup
 from posttrain.models.generation.interfaces import Generation
 from posttrain.models.policy.interfaces import TrainResult
@@ -108,8 +113,8 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     top-p), so the engine's and the trainer's logprobs of the same tokens are comparable.
 
     Raises:
-        ConfigError: vLLM asked for and not installed; a Megatron policy without
-            megatron-core or GPUs; the cluster cannot hold the bundles.
+        ConfigError: vLLM asked for and not installed; a Megatron policy or Megatron engines
+            without megatron-core or GPUs; the cluster cannot hold the bundles.
         EngineStartError: a vLLM engine did not start.
         WorkerStartError: a policy or generation worker's constructor raised (e.g. weights
             it cannot load).
@@ -123,6 +128,8 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     # A missing vLLM extra: one line, before Ray starts (and no check when nothing generates).
     backend = resolve_backend(generation.backend) if with_generation else None
+    if backend:
+        check_engine_placement(backend, cluster.gpus_per_worker)
     transport = current_transport()  # Ray, unless the caller chose another (distributed/transport.py)
     transport.start(cluster.address, cluster.num_cpus, cluster.num_gpus)
     policy_workers = num_policy_workers(worker_cfg)

@@ -16,7 +16,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 require_gpus 1
 require_extra mcore megatron.core "$@"
 export BACKEND=${BACKEND:-auto}
-echo "== generation engine: $(python -c "from posttrain.models.generation.factory import resolve_backend as r; print(r('$BACKEND'))")"
+echo "== generation engine: $(python -c "from posttrain.models.generation.backends import resolve_backend as r; print(r('$BACKEND'))")"
 shared_gpu=(cluster.gpus_per_worker=0.5 generation.colocated=true policy.precision=fp32 policy.tf32=false)
 megatron=(policy.backend=megatron "${shared_gpu[@]}")
 grpo_functional grpo_megatron "${megatron[@]}" "$@"

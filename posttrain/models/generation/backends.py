@@ -38,6 +38,8 @@ class EngineBackend:
         colocates: with ``generation.colocated`` its engines share the policy's bundle (they
             reserve nothing); otherwise each engine takes a bundle of its own.
         auto_order: ``auto`` picks the importable backend of the lowest order (None: never).
+        needs_gpu: its engines run on CUDA only (:func:`check_engine_placement` refuses a run
+            without GPUs before Ray starts).
     """
 
     name: str
@@ -47,6 +49,7 @@ class EngineBackend:
     install_hint: str = ""
     colocates: bool = False
     auto_order: int | None = None
+    needs_gpu: bool = False
 
     def worker_class(self) -> type:
         """The engine worker class (``worker``, imported if named)."""
@@ -72,8 +75,12 @@ def register_backend(backend: EngineBackend) -> EngineBackend:
 
 
 def module_importable(module: str) -> bool:
-    """Whether ``module`` is installed (found without importing it)."""
-    return importlib.util.find_spec(module) is not None
+    """Whether ``module`` is installed (found without importing it; a dotted name whose parent
+    package is missing is not installed: ``find_spec`` raises for it rather than answer None)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def resolve_backend(name: str, importable: Callable[[str], bool] | None = None) -> str:
@@ -98,6 +105,30 @@ def resolve_backend(name: str, importable: Callable[[str], bool] | None = None) 
     if row.requires is not None and not importable(row.requires):
         raise ConfigError(f"generation.backend={name} but {row.requires} is not installed: {row.install_hint}")
     return name
+
+
+def check_engine_placement(backend: str, gpus_per_worker: float, gpus_found: int | None = None) -> None:
+    """Fail before Ray starts when ``backend``'s engines cannot run here (a ``needs_gpu`` row on
+    a machine without GPUs, or with ``cluster.gpus_per_worker`` 0).
+
+    Args:
+        backend: a resolved ``generation.backend``.
+        gpus_per_worker: ``cluster.gpus_per_worker`` (each engine's bundle).
+        gpus_found: GPUs visible to this process (default: ``torch.cuda.device_count()``).
+
+    Raises:
+        ConfigError: naming the backend and what is missing.
+    """
+    if not BACKENDS[backend].needs_gpu:
+        return
+    if gpus_found is None:
+        import torch
+
+        gpus_found = torch.cuda.device_count()
+    if gpus_found == 0:
+        raise ConfigError(f"generation.backend={backend} needs 1 GPU, found 0 (its engines run on CUDA only)")
+    if gpus_per_worker <= 0:
+        raise ConfigError(f"generation.backend={backend} needs GPUs for its engines: set cluster.gpus_per_worker > 0")
 
 
 def num_bundles(cfg: GenerationConfig, backend: str, policy_workers: int = 1) -> int:
@@ -139,4 +170,5 @@ register_backend(EngineBackend(
 register_backend(EngineBackend(
     name="megatron", worker="posttrain.models.generation.megatron_generation_worker:MegatronGenerationWorker",
     who="megatron engines", requires="megatron.core",
-    install_hint="run with `uv run --extra mcore ...` on a GPU machine (megatron-core's forward is CUDA-only)"))
+    install_hint="run with `uv run --extra mcore ...` on a GPU machine (megatron-core's forward is CUDA-only)",
+    needs_gpu=True))

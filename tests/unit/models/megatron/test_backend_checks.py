@@ -13,7 +13,7 @@ import pytest
 
 from posttrain.config import GenerationConfig, PolicyConfig
 from posttrain.errors import ConfigError
-from posttrain.models.generation.backends import num_bundles
+from posttrain.models.generation.backends import check_engine_placement, num_bundles
 from posttrain.models.policy import lm_policy
 from posttrain.models.policy.lm_policy import check_backend, num_policy_workers
 
@@ -60,6 +60,17 @@ def test_megatron_without_the_gpus_it_needs_is_refused(monkeypatch, tp, gpus_per
     check_backend(megatron(tp), gpus_per_worker=1.0, gpus_found=tp)  # and with them it passes
 
 
+@pytest.mark.parametrize(("gpus_per_worker", "found", "message"), [
+    (0.5, 0, "generation.backend=megatron needs 1 GPU, found 0 (its engines run on CUDA only)"),
+    (0.0, 1, "generation.backend=megatron needs GPUs for its engines: set cluster.gpus_per_worker > 0"),
+])
+def test_megatron_engines_without_the_gpus_they_need_are_refused(gpus_per_worker, found, message) -> None:
+    with pytest.raises(ConfigError, match=f"^{message}$".replace("(", r"\(").replace(")", r"\)")):
+        check_engine_placement("megatron", gpus_per_worker, found)
+    check_engine_placement("megatron", 0.5, 1)  # with them it passes
+    check_engine_placement("hf", 0.0, 0)  # and a CPU engine needs none
+
+
 def test_each_tensor_parallel_rank_takes_a_bundle_and_engines_come_after() -> None:
     assert num_policy_workers(PolicyConfig()) == 1
     assert num_policy_workers(megatron(2)) == 2
@@ -83,7 +94,19 @@ def test_the_entry_point_refuses_megatron_on_a_cpu_machine_in_one_line(tmp_path)
     assert "Started a local Ray instance" not in result.stdout + result.stderr  # refused before Ray
 
 
-@pytest.mark.parametrize("script", ["grpo_megatron.sh", "sft_megatron.sh"])
+def test_the_entry_point_refuses_megatron_generation_where_it_cannot_run_in_one_line(tmp_path) -> None:
+    """Without megatron-core the missing extra is named; with it but no GPU, the missing GPU:
+    either way one line, exit 2, before Ray starts."""
+    result = run(sys.executable, "examples/run_grpo.py", "generation.backend=megatron", f"logger.log_dir={tmp_path}",
+                 CUDA_VISIBLE_DEVICES="", POSTTRAIN_VERBOSE="1")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: generation.backend=megatron"), lines
+    assert ("megatron.core is not installed" in lines[0]) or ("needs 1 GPU, found 0" in lines[0]), lines
+    assert "Started a local Ray instance" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("script", ["grpo_megatron.sh", "grpo_megatron_generation.sh", "sft_megatron.sh"])
 def test_the_megatron_functional_scripts_exit_2_without_a_gpu(script, tmp_path) -> None:
     before = set((ROOT / "tests" / "functional").iterdir())
     result = run("bash", f"tests/functional/{script}", POSTTRAIN_NUM_GPUS="0")
