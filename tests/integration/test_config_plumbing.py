@@ -667,6 +667,7 @@ PROOFS: dict[str, Callable] = {
 MCORE = "tests/unit/models/megatron/test_megatron_policy.py::"
 RESUME = "tests/integration/test_checkpoint_resume.py::"
 ASYNC = "tests/integration/test_async_grpo.py::"
+ASYNC_KEYS = "tests/integration/test_async_grpo_keys_and_errors.py::"
 RECORDING = "tests/integration/test_rollout_recording.py::"
 BROADCAST = "tests/unit/models/generation/test_refit_broadcast.py::"
 PROVEN_ELSEWHERE: dict[str, str] = {
@@ -683,9 +684,9 @@ PROVEN_ELSEWHERE: dict[str, str] = {
     # the asynchronous loop runs real Ray actors (a producer, a buffer): proven with real Ray
     "grpo.async.enabled": ASYNC + "test_max_staleness_0_reproduces_the_synchronous_run",
     "grpo.async.max_staleness": ASYNC + "test_max_staleness_0_reproduces_the_synchronous_run",  # 1 is the default
-    "grpo.async.buffer_size": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
-    "grpo.async.importance_weight_cap": ASYNC + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
-    "grpo.async.claim_timeout_s": ASYNC + "test_a_claim_timeout_is_one_line_naming_the_key",
+    "grpo.async.buffer_size": ASYNC_KEYS + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
+    "grpo.async.importance_weight_cap": ASYNC_KEYS + "test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",
+    "grpo.async.claim_timeout_s": ASYNC_KEYS + "test_a_claim_timeout_is_one_line_naming_the_key",
     # two ranks form a real process group (Ray): their step equals the single worker's
     "policy.data_parallel_size": "tests/integration/test_data_parallel.py::"
                                  "test_two_data_parallel_ranks_take_the_single_workers_step",

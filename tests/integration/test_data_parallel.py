@@ -1,7 +1,9 @@
 """A data-parallel HF policy (``policy.data_parallel_size=2``: two Ray workers, torch FSDP2 over
-gloo) trains a recorded GRPO step as the single worker does, resumes exactly, and its engines
-serve its weights after every refit. Real Ray, real process group; the rollouts are a recording
-(``grpo.load_rollouts``, rewards rewritten so every group varies: see ``test_layout_parity.py``).
+gloo) trains a recorded GRPO step as the single worker does. Real Ray, real process group; the
+rollouts are a recording (``grpo.load_rollouts``, rewards rewritten so every group varies: see
+``test_layout_parity.py``; the job is ``data_parallel_jobs.py``). That it resumes exactly is
+``test_data_parallel_resume.py``; that its engines serve its weights after every refit,
+``test_data_parallel_refit.py`` (three files, so that parallel workers can take them apart).
 
 Calibration: DP=2 against DP=1 on the same recording, AMD EPYC, 2 cores, grpo.seed 0-5 (6
 recordings a layout; Nov 26). Not calibrated on the GPU machine's CPUs or its GPU: this session
@@ -19,56 +21,16 @@ relative): after 11 Adam steps at lr 1e-2 rounding differences grow, and one wor
 micro-batches of 1 against 3 differs as much (1.3e-3 at seed 1, 1.2e-5 at seed 2). Broken, the
 step is off by a factor: gradients averaged instead of summed halve the grad norm, a loss over
 each rank's own tokens doubles it, rank 0's metrics alone halve the loss, old logprobs stacked
-in rank order move the agreement (mutants ``data_parallel_*``, all caught). The refit test's
-``< 1e-6``: the probe's logprob error after a DP=2 refit was 0.0 at both steps and transports.
+in rank order move the agreement (mutants ``data_parallel_*``, all caught).
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
-import torch
+from data_parallel_jobs import EQUAL, JOB, LOSS_ABS, RELATIVE, UNEVEN, WEIGHTS_REL, distance, replay
 from recorded_rollouts import record_varied_rollouts
-
-from posttrain.algorithms import grpo
-from posttrain.config import load_config
-from posttrain.errors import ConfigError
-
-GRPO_YAML = "examples/configs/grpo_arithmetic.yaml"
-JOB = ["grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=8", "grpo.seed=0",
-       "data.arithmetic.operand_digits=1", "generation.max_new_tokens=3", "grpo.kl_coef=0.1", "policy.lr=1e-2",
-       "grpo.val_period=0",
-       "data.arithmetic.num_val=8", "generation.backend=hf", "cluster.cpus_per_worker=0.5"]
-# 32 rows in global batches of 3, one row a micro-batch: 11 optimizer steps a call, and in each
-# rank 0 holds 1 row of 3, rank 1 holds 2, so rank 0 runs an idle micro-batch every step; the old
-# logprobs are scored first (several steps), in chunks of 4 rows: 3 chunks on rank 0, 6 on rank 1
-UNEVEN = ["policy.train_global_batch_size=3", "policy.train_micro_batch_size=1", "policy.logprob_batch_size=4"]
-EQUAL = ("train/reward_mean", "train/completion_length", "train/fraction_groups_kept", "train/num_optimizer_steps")
-RELATIVE = {"train/grad_norm": 1e-5, "train/entropy": 1e-5, "train/kl": 1e-5}
-LOSS_ABS, WEIGHTS_REL = 1e-6, 2e-3
-
-
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory, tiny_model_path) -> Path:
-    """A 2-step recording of a real run, every group's rewards rewritten to vary (``recorded_rollouts.py``)."""
-    return record_varied_rollouts(tmp_path_factory.mktemp("dp"), [f"model.path={tiny_model_path}", *JOB])
-
-
-def replay(model_path: str, rollouts: Path, out: Path, *overrides: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """A Ray run replaying ``rollouts``: its metrics and the weights it exported."""
-    from safetensors.torch import load_file
-
-    cfg = load_config(GRPO_YAML, [f"model.path={model_path}", *JOB, f"grpo.load_rollouts={rollouts}",
-                                  f"logger.log_dir={out / 'log'}", f"checkpoint.save_path={out / 'final'}", *overrides],
-                      grpo.GRPOMasterConfig)
-    return grpo.train(cfg), load_file(str(out / "final" / "model.safetensors"))
-
-
-def distance(a: dict, b: dict) -> float:
-    return math.sqrt(sum(((a[k].double() - b[k].double()) ** 2).sum().item() for k in a))
-
 
 # One optimizer step, judged whole: (recording overrides, batch overrides). "idle micro-batches":
 # 3 prompts x 7 = 21 rows split 10 / 11, 2 rows a micro-batch: rank 0 runs 5 and one idle.
@@ -106,49 +68,17 @@ def test_two_data_parallel_ranks_take_the_single_workers_step(ray_cluster, tiny_
 
 
 def test_a_call_of_several_optimizer_steps_scores_and_returns_the_old_logprobs_in_row_order(
-        ray_cluster, tiny_model_path, recorded, tmp_path: Path) -> None:
+        ray_cluster, tiny_model_path, dp_recording, tmp_path: Path) -> None:
     """11 optimizer steps over uneven shards (``UNEVEN``): the old logprobs are scored before the
     first update, rank by rank with idle chunks, and must come back in row order, so the
     engine/trainer agreement equals the single worker's. Only what precedes the first update is
     compared: after 11 Adam steps at lr 1e-2, rounding differences of any two layouts (even two
     micro-batch sizes of one worker) grow to 1e-3 at some seeds (table above)."""
-    one, _ = replay(tiny_model_path, recorded, tmp_path / "dp1", "grpo.num_steps=1", *UNEVEN)
-    two, _ = replay(tiny_model_path, recorded, tmp_path / "dp2", "grpo.num_steps=1", *UNEVEN,
+    one, _ = replay(tiny_model_path, dp_recording, tmp_path / "dp1", "grpo.num_steps=1", *UNEVEN)
+    two, _ = replay(tiny_model_path, dp_recording, tmp_path / "dp2", "grpo.num_steps=1", *UNEVEN,
                     "policy.data_parallel_size=2")
     assert one["train/num_optimizer_steps"]["1"] == two["train/num_optimizer_steps"]["1"] == 11.0
     for key in EQUAL:
         assert two[key]["1"] == one[key]["1"], key
     error = one["train/token_mult_prob_error"]["1"]
     assert two["train/token_mult_prob_error"]["1"] == pytest.approx(error, rel=1e-5)
-
-
-def test_a_data_parallel_run_resumes_exactly_and_refuses_another_size(ray_cluster, tiny_model_path, recorded,
-                                                                      tmp_path: Path) -> None:
-    dp2 = ["policy.data_parallel_size=2", *UNEVEN]
-    whole, _ = replay(tiny_model_path, recorded, tmp_path / "whole", "grpo.num_steps=2", *dp2,
-                      f"checkpoint.dir={tmp_path / 'ckpt'}", "checkpoint.save_period=1")
-    resumed, _ = replay(tiny_model_path, recorded, tmp_path / "resumed", "grpo.num_steps=2", *dp2,
-                        f"checkpoint.resume={tmp_path / 'ckpt' / 'step_1'}")
-    assert whole["train/grad_norm"]["2"] > 0 and whole["train/kl"]["2"] > 0
-    for key in ("train/loss", "train/grad_norm", "train/kl", "train/entropy", "train/token_mult_prob_error"):
-        assert resumed[key]["2"] == whole[key]["2"], key
-    with pytest.raises(ConfigError, match=r"was written with policy.data_parallel_size=2; this run has 1 "
-                                          r"\(resume with the same size\)$"):
-        replay(tiny_model_path, recorded, tmp_path / "other", "grpo.num_steps=2", *UNEVEN,
-               f"checkpoint.resume={tmp_path / 'ckpt' / 'step_1'}")
-
-
-@pytest.mark.parametrize("transport", ["auto", "object_store"])
-def test_the_engine_serves_the_data_parallel_policys_weights_after_every_refit(ray_cluster, tiny_model_path,
-                                                                               tmp_path: Path, transport: str) -> None:
-    """A GRPO run with an engine: after each refit (a broadcast between CPU processes under auto,
-    the object store otherwise) the weight-sync probe scores the same sequences on the engine and
-    on the sharded policy and stops the run past its bound; the weights moved every step."""
-    cfg = load_config(GRPO_YAML, [f"model.path={tiny_model_path}", *JOB, "grpo.num_steps=2", *UNEVEN,
-                                  "policy.data_parallel_size=2", "generation.colocated=false",
-                                  f"generation.refit_transport={transport}", f"logger.log_dir={tmp_path}"],
-                      grpo.GRPOMasterConfig)
-    metrics = grpo.train(cfg)
-    assert set(metrics["train/refit_logprob_error"]) == {"1", "2"}
-    assert all(v < 1e-6 for v in metrics["train/refit_logprob_error"].values()), metrics["train/refit_logprob_error"]
-    assert metrics["train/kl"]["2"] > 0  # the second step's policy is not the first's

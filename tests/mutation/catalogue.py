@@ -38,7 +38,8 @@ LORA = "tests/unit/models/policy/test_lora.py"
 LORA_LAYER = "posttrain/models/policy/lora.py"
 HF_WORKER = "posttrain/models/policy/hf_policy_worker.py"
 ASYNC = "tests/integration/test_async_grpo.py"
-DATA_PARALLEL = "tests/integration/test_data_parallel.py"
+ASYNC_KEYS = "tests/integration/test_async_grpo_keys_and_errors.py"
+DATA_PARALLEL = "tests/integration/test_data_parallel"  # .py, _resume.py, _refit.py
 ROLLOUT_TESTS = "tests/unit/rollouts"
 MCORE_WORKER = "posttrain/models/policy/megatron_policy_worker.py"
 EDGES = "tests/unit/testing/rules/test_rule_edges.py"
@@ -484,41 +485,42 @@ MUTANTS: tuple[Mutant, ...] = (
            "each rank's loss is already its share of the global token mean, so the step is half the size",
            "posttrain/models/policy/hf_policy_worker.py",
            (("self.gradient_scale = float(self.data_parallel_size)", "self.gradient_scale = 1.0"),),
-           (f"{DATA_PARALLEL}::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="training"),
+           (f"{DATA_PARALLEL}.py::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="training"),
     Mutant("data_parallel_metrics_of_rank_0", "a data-parallel step reports rank 0's share of the metrics as the "
            "global batch's", "posttrain/models/policy/base_policy_worker.py",
            (("steps.append(self._reduce_over_ranks(step_metrics) if sharded else step_metrics)",
              "steps.append(step_metrics)"),),
-           (f"{DATA_PARALLEL}::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="metrics"),
+           (f"{DATA_PARALLEL}.py::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="metrics"),
     Mutant("data_parallel_loss_over_local_tokens", "each data-parallel rank normalises its loss by its own token "
            "count, not the global batch's", "posttrain/models/policy/base_policy_worker.py",
            (('max(self._across_ranks([batch.completion_mask[g_start:g_end].sum().item()], "sum")[0], 1.0)',
              "max(batch.completion_mask[g_start:g_end].sum().item(), 1.0)"),),
-           (f"{DATA_PARALLEL}::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="training"),
+           (f"{DATA_PARALLEL}.py::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="training"),
     Mutant("data_parallel_refit_sends_the_local_shard", "a data-parallel refit sends each rank's own shard of "
            "the weights, not the gathered model", "posttrain/models/policy/hf_policy_worker.py",
            (("        if self.data_parallel_size > 1:\n            return self._full_state()[0]\n", ""),),
-           (f"{DATA_PARALLEL}::test_the_engine_serves_the_data_parallel_policys_weights_after_every_refit",),
+           (f"{DATA_PARALLEL}_refit.py::test_the_engine_serves_the_data_parallel_policys_weights_after_every_refit",),
            klass="stale-engine"),
     Mutant("data_parallel_resume_without_optimizer", "a data-parallel resume restores the weights but starts "
            "AdamW's moments afresh", "posttrain/models/policy/hf_policy_worker.py",
            (('optim_state_dict=state["optimizer_by_name"],',
              'optim_state_dict=__import__("torch.distributed.checkpoint.state_dict", fromlist=["_"])'
              '.get_optimizer_state_dict(self.model, self.optimizer),'),),
-           (f"{DATA_PARALLEL}::test_a_data_parallel_run_resumes_exactly_and_refuses_another_size",), klass="resume"),
+           (f"{DATA_PARALLEL}_resume.py::test_a_data_parallel_run_resumes_exactly_and_refuses_another_size",),
+           klass="resume"),
     Mutant("data_parallel_old_logprobs_in_rank_order", "the ranks' old logprobs are stacked in rank order, not put "
            "back in the batch's row order: the engine/trainer agreement compares other rows",
            "posttrain/models/policy/lm_policy.py",
            (("            for i, (_, _, _, old) in zip(index, results, strict=True):\n"
              "                old_logprobs[i] = old",
              "            old_logprobs = torch.cat([r[3] for r in results])"),),
-           (f"{DATA_PARALLEL}::test_a_call_of_several_optimizer_steps_scores_and_returns_the_old_logprobs_in_"
+           (f"{DATA_PARALLEL}.py::test_a_call_of_several_optimizer_steps_scores_and_returns_the_old_logprobs_in_"
             "row_order",), klass="metrics"),
     Mutant("claim_ignores_the_timeout_key",
            "the trainer's claim waits the 600 s default, whatever grpo.async.claim_timeout_s says",
            "posttrain/algorithms/async_grpo.py",
            (("claim_step(buffer, producer, n, acfg.claim_timeout_s)", "claim_step(buffer, producer, n, 600.0)"),),
-           (f"{ASYNC}::test_a_claim_timeout_is_one_line_naming_the_key",), klass="async"),
+           (f"{ASYNC_KEYS}::test_a_claim_timeout_is_one_line_naming_the_key",), klass="async"),
     Mutant("shard_drops_a_row", "the data-parallel fan-out leaves the last sample out of every shard",
            "posttrain/rollouts/fan_out.py",
            (("    for i, sample in enumerate(samples):\n        shards[owner[i]]",
@@ -592,7 +594,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/algorithms/async_grpo.py",
            (("importance_weight_cap=acfg.importance_weight_cap)",
              "importance_weight_cap=acfg.importance_weight_cap and min(acfg.importance_weight_cap, 2.0))"),),
-           (f"{ASYNC}::test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",), klass="config"),
+           (f"{ASYNC_KEYS}::test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop",), klass="config"),
     Mutant("stop_target_rounded", "sft.stop_at_val_accuracy is rounded to one decimal (0.65 -> 0.7): the run trains "
            "past the accuracy it was told to stop at", "posttrain/algorithms/sft.py",
            (('metrics.get("val/accuracy", 0.0) >= target', 'metrics.get("val/accuracy", 0.0) >= round(target, 1)'),),
