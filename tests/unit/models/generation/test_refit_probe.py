@@ -23,7 +23,7 @@ def test_auto_picks_vllm_only_when_importable():
 
 
 def test_an_unknown_backend_is_one_line_naming_the_registered_ones():
-    with pytest.raises(ConfigError, match=r"^unknown generation.backend 'vlm': expected auto, vllm, hf$"):
+    with pytest.raises(ConfigError, match=r"^unknown generation.backend 'vlm': expected auto, vllm, hf, megatron$"):
         resolve_backend("vlm")
 
 
