@@ -13,8 +13,38 @@ A new engine is this class's subclass in a folder of its own plus one row in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+
+from posttrain.data.batch import TokenBatch, make_batch
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
+from posttrain.ops import compute_logprobs
 from posttrain.weight_sync.receiver import WeightReceiver
+
+
+def teacher_forced_logprobs(forward: Callable[[TokenBatch], torch.Tensor], prompts: list[list[int]],
+                            completions: list[list[int]], temperature: float, pad_id: int,
+                            device: torch.device) -> list[list[float]]:
+    """Per row, ``log p(completion[t] | prompt + completion[:t])`` at ``temperature`` over the whole
+    vocabulary, from one prefill of each right-padded sequence: an engine's ``score``.
+
+    Args:
+        forward: the engine's model, ``TokenBatch`` -> ``[B, S, V]`` logits (V: the real vocabulary).
+        prompts, completions: token ids per row (``completions[i]`` may be empty).
+        temperature: > 0.
+        pad_id: written into the padding (never read: the padding is right of every real token).
+        device: where the batch goes.
+
+    Returns:
+        One list per row, as long as its completion.
+    """
+    if not prompts:
+        return []
+    batch = make_batch(prompts, completions, pad_id).to(device)
+    width = batch.completion_mask.shape[1]
+    logprobs = compute_logprobs(forward(batch), batch.input_ids, batch.prompt_lens, width, temperature).cpu()  # [B, L]
+    return [row[: len(c)] for row, c in zip(logprobs.tolist(), completions, strict=True)]
 
 
 class EngineWorker(WeightReceiver):

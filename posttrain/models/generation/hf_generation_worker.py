@@ -13,7 +13,7 @@ import ray
 import torch
 
 from posttrain.config import GenerationWorkerConfig
-from posttrain.models.generation.engine import EngineWorker
+from posttrain.models.generation.engine import EngineWorker, teacher_forced_logprobs
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.models.precision import use_tf32_for_fp32
 from posttrain.weight_sync.receiver import Shapes
@@ -84,16 +84,9 @@ class HfGenerationWorkerImpl(EngineWorker):
     @torch.no_grad()
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
         """Teacher-forced logprobs of ``completions`` at ``temperature`` (see ``Generation.score``)."""
-        from posttrain.data.batch import make_batch
-        from posttrain.ops import compute_logprobs
-
-        if not prompts:
-            return []
-        batch = make_batch(prompts, completions, self.pad_id).to(self.device)
-        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, S, V]
-        width = batch.completion_mask.shape[1]
-        logprobs = compute_logprobs(logits, batch.input_ids, batch.prompt_lens, width, temperature).cpu()  # [B, L]
-        return [row[: len(c)] for row, c in zip(logprobs.tolist(), completions, strict=True)]
+        return teacher_forced_logprobs(
+            lambda b: self.model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits,
+            prompts, completions, temperature, self.pad_id, self.device)
 
     def gpu_uuid(self) -> str | None:
         """This worker's GPU (None on a CPU): the driver refits over CUDA IPC when it is the policy's."""

@@ -17,7 +17,7 @@ import ray
 import torch
 
 from posttrain.config import GenerationWorkerConfig
-from posttrain.models.generation.engine import EngineWorker
+from posttrain.models.generation.engine import EngineWorker, teacher_forced_logprobs
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.models.precision import use_tf32_for_fp32
 from posttrain.weight_sync.receiver import Shapes
@@ -84,17 +84,12 @@ class MegatronGenerationWorkerImpl(EngineWorker):
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
         """Teacher-forced logprobs of ``completions`` at ``temperature`` (see ``Generation.score``):
         one prefill of each whole sequence, as the trainer scores it."""
-        from posttrain.data.batch import make_batch
-        from posttrain.ops import compute_logprobs
 
-        if not prompts:
-            return []
-        batch = make_batch(prompts, completions, self.eos_id).to(self.device)
-        positions = torch.arange(batch.input_ids.shape[1], device=self.device).expand_as(batch.input_ids)
-        logits = self.model(batch.input_ids, positions, None)[..., : self.shape.vocab_size]  # [B, S, V]
-        width = batch.completion_mask.shape[1]
-        logprobs = compute_logprobs(logits, batch.input_ids, batch.prompt_lens, width, temperature).cpu()  # [B, L]
-        return [row[: len(c)] for row, c in zip(logprobs.tolist(), completions, strict=True)]
+        def forward(batch):  # right padding: the causal mask alone gives each real token its context
+            positions = torch.arange(batch.input_ids.shape[1], device=self.device).expand_as(batch.input_ids)
+            return self.model(batch.input_ids, positions, None)[..., : self.shape.vocab_size]  # [B, S, V]
+
+        return teacher_forced_logprobs(forward, prompts, completions, temperature, self.eos_id, self.device)
 
     def gpu_uuid(self) -> str | None:
         return gpu_uuid(self.device)
