@@ -918,7 +918,7 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{MCORE_GEN_TESTS}::test_the_policys_own_model_samples_as_the_engine_and_stays_in_training_mode",),
            klass="megatron-generation", tier="mcore", gpus=1),
     Mutant("megatron_engine_refit_only_bumps_the_version", "the megatron engine takes a refit's version but keeps "
-           "its old weights", "posttrain/models/generation/megatron_generation_worker.py",
+           "its old weights", "posttrain/models/generation/megatron/megatron_generation_worker.py",
            (("        self._load_hf(hf)\n        self.version = version", "        self.version = version"),),
            (f"{MCORE_GEN_TESTS}::test_a_refit_is_served_by_the_next_call",), klass="megatron-generation", tier="mcore",
            gpus=1),

@@ -168,7 +168,7 @@ register_backend(EngineBackend(
     name="hf", worker="posttrain.models.generation.hf_generation_worker:HfGenerationWorker",
     who="generation workers", auto_order=1))
 register_backend(EngineBackend(
-    name="megatron", worker="posttrain.models.generation.megatron_generation_worker:MegatronGenerationWorker",
+    name="megatron", worker="posttrain.models.generation.megatron.megatron_generation_worker:MegatronGenerationWorker",
     who="megatron engines", requires="megatron.core",
     install_hint="run with `uv run --extra mcore ...` on a GPU machine (megatron-core's forward is CUDA-only)",
     needs_gpu=True))

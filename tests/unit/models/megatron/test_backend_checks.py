@@ -113,3 +113,17 @@ def test_the_megatron_functional_scripts_exit_2_without_a_gpu(script, tmp_path) 
     assert result.returncode == 2
     assert result.stderr.strip() == f"{script}: needs 1 GPU, found 0"
     assert set((ROOT / "tests" / "functional").iterdir()) == before  # nothing run, nothing written
+
+
+def test_the_megatron_engine_row_names_a_worker_that_imports_without_megatron_core_and_refuses_a_cpu(
+        monkeypatch) -> None:
+    from posttrain.models.generation.backends import BACKENDS
+
+    worker = BACKENDS["megatron"].worker_class()  # the row's "module:Class" resolves (megatron-core not needed)
+    assert worker.__name__ == "MegatronGenerationWorker"
+    from posttrain.models.generation.megatron.megatron_generation_worker import MegatronGenerationWorkerImpl
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"^generation.backend=megatron needs a GPU: megatron-core's forward "
+                                           r"pass is CUDA-only$"):
+        MegatronGenerationWorkerImpl("unused")

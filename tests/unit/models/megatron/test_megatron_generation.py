@@ -57,7 +57,7 @@ def stopping_tiny(noisy_tiny, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def engine(stopping_tiny):
-    from posttrain.models.generation.megatron_generation_worker import MegatronGenerationWorkerImpl
+    from posttrain.models.generation.megatron.megatron_generation_worker import MegatronGenerationWorkerImpl
 
     return MegatronGenerationWorkerImpl(stopping_tiny, GenerationWorkerConfig(device="cuda", tf32=False))
 
