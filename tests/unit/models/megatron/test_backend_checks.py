@@ -119,9 +119,13 @@ def test_the_megatron_engine_row_names_a_worker_that_imports_without_megatron_co
         monkeypatch) -> None:
     from posttrain.models.generation.backends import BACKENDS
 
-    worker = BACKENDS["megatron"].worker_class()  # the row's "module:Class" resolves (megatron-core not needed)
-    assert worker.__name__ == "MegatronGenerationWorker"
-    from posttrain.models.generation.megatron.megatron_generation_worker import MegatronGenerationWorkerImpl
+    from posttrain.models.generation.megatron.megatron_generation_worker import (
+        MegatronGenerationWorker,
+        MegatronGenerationWorkerImpl,
+    )
+
+    # the row's "module:Class" resolves, megatron-core not needed
+    assert BACKENDS["megatron"].worker_class() is MegatronGenerationWorker
 
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(RuntimeError, match=r"^generation.backend=megatron needs a GPU: megatron-core's forward "
