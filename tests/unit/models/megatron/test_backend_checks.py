@@ -118,7 +118,6 @@ def test_the_megatron_functional_scripts_exit_2_without_a_gpu(script, tmp_path) 
 def test_the_megatron_engine_row_names_a_worker_that_imports_without_megatron_core_and_refuses_a_cpu(
         monkeypatch) -> None:
     from posttrain.models.generation.backends import BACKENDS
-
     from posttrain.models.generation.megatron.megatron_generation_worker import (
         MegatronGenerationWorker,
         MegatronGenerationWorkerImpl,
