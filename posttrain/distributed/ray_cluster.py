@@ -154,9 +154,13 @@ class RayVirtualCluster:
         return ray.get(_free_address.options(scheduling_strategy=strategy).remote())
 
 
+def free_port(host: str = "") -> int:
+    """A TCP port free on ``host`` now ("": every interface), for a ``torch.distributed`` rendezvous."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
 @ray.remote(num_cpus=0)
 def _free_address() -> str:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        port = sock.getsockname()[1]
-    return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+    return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"

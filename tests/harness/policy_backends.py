@@ -13,12 +13,12 @@ parallel size 1); the first one starts it.
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import pytest
 
 from posttrain.config import PolicyConfig, PolicyWorkerConfig
+from posttrain.distributed.ray_cluster import free_port
 
 BACKENDS = [
     pytest.param("hf", id="hf"),
@@ -35,9 +35,7 @@ LORA_RANK = 8
 
 def free_tcp_address() -> str:
     """``tcp://127.0.0.1:<port>`` with a port free now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    return f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
 
 
 def worker_cfg(backend: str, temperature: float = 1.0, precision: str = "fp32", tensor_parallel: int = 1,

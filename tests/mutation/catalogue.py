@@ -572,7 +572,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "too", MCORE_WORKER,
            (("        load_local_state(self.model, hf_to_megatron(",
              "        load_local_state(self.reference or self.model,\n"
-             "                    hf_to_megatron(_read_hf_weights(path), self.shape, self.rank, self.tp))\n"
+             "                    hf_to_megatron(read_hf_weights(path), self.shape, self.rank, self.tp))\n"
              "        load_local_state(self.model, hf_to_megatron("),),
            (f"{RESUME}::test_a_loaded_checkpoint_trains_on_from_its_weights_against_the_initial_reference[megatron]",),
            klass="resume", tier="mcore"),

@@ -22,6 +22,7 @@ from posttrain.config import ClusterConfig, GenerationConfig, GenerationWorkerCo
 from posttrain.distributed.transport import Cluster
 from posttrain.errors import ConfigError
 from posttrain.models.generation.engine_group import EngineGroup
+from posttrain.models.placement import require_gpus
 
 
 @dataclass(frozen=True)
@@ -119,16 +120,8 @@ def check_engine_placement(backend: str, gpus_per_worker: float, gpus_found: int
     Raises:
         ConfigError: naming the backend and what is missing.
     """
-    if not BACKENDS[backend].needs_gpu:
-        return
-    if gpus_found is None:
-        import torch
-
-        gpus_found = torch.cuda.device_count()
-    if gpus_found == 0:
-        raise ConfigError(f"generation.backend={backend} needs 1 GPU, found 0 (its engines run on CUDA only)")
-    if gpus_per_worker <= 0:
-        raise ConfigError(f"generation.backend={backend} needs GPUs for its engines: set cluster.gpus_per_worker > 0")
+    if BACKENDS[backend].needs_gpu:
+        require_gpus(f"generation.backend={backend}", gpus_per_worker, gpus_found, "its engines run on CUDA only")
 
 
 def num_bundles(cfg: GenerationConfig, backend: str, policy_workers: int = 1) -> int:

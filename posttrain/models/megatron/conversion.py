@@ -221,3 +221,11 @@ def megatron_to_hf(shards: list[dict[str, torch.Tensor]], shape: GPTShape) -> di
     out["model.norm.weight"] = first["decoder.final_layernorm.weight"]
     out["lm_head.weight"] = embed if shape.tied else rows("output_layer.weight")[: shape.vocab_size]
     return out
+
+
+def read_hf_weights(model_path: str) -> dict[str, torch.Tensor]:
+    """The Hugging Face state dict of ``model_path`` (fp32, CPU), tied weights under both names:
+    what :func:`hf_to_megatron` converts."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).state_dict()

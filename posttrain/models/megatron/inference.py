@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from posttrain.models.generation.interfaces import SamplingParams
+from posttrain.models.megatron.model import unwrap
 from posttrain.ops import sampling_log_softmax
 
 
@@ -94,18 +95,17 @@ class MegatronSampler:
         model: the ``GPTModel`` (or its ``Float16Module`` wrapper; not the DDP wrapper), on
             the current CUDA device, returning full-vocabulary logits (``parallel_output=False``).
         vocab_size: the tokenizer's vocabulary (the model's output is padded past it).
-        hidden_size: the model's hidden size (megatron's inference config asks for it).
         eos_id: the token that ends a completion.
-        params_dtype: the model's parameter dtype (``torch.float32`` or ``torch.bfloat16``).
+
+    megatron's inference config also asks for the hidden size, the parameter dtype and the
+    padded vocabulary: they are read from the model's own ``TransformerConfig``.
 
     Every tensor-parallel rank of a model must call :meth:`generate` with the same arguments
     (the forward pass is collective); all ranks then return the same completions.
     """
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int, hidden_size: int, eos_id: int,
-                 params_dtype: torch.dtype):
+    def __init__(self, model: torch.nn.Module, vocab_size: int, eos_id: int):
         self.model, self.vocab_size, self.eos_id = model, vocab_size, eos_id
-        self.hidden_size, self.params_dtype = hidden_size, params_dtype
         self.controller_class = _controller_class()
 
     @torch.no_grad()
@@ -140,10 +140,11 @@ class MegatronSampler:
                              f"{sorted({len(p) for p in prompts})[:3]}, max_new_tokens={params.max_new_tokens}")
         batch = len(prompts)
         longest = max(len(p) for p in prompts) + params.max_new_tokens
+        gpt = unwrap(self.model)
         config = InferenceWrapperConfig(
-            hidden_size=self.hidden_size, params_dtype=self.params_dtype,
+            hidden_size=gpt.config.hidden_size, params_dtype=gpt.config.params_dtype,
             inference_batch_times_seqlen_threshold=1 << 30,  # pipeline splitting: never (no PP)
-            padded_vocab_size=self.vocab_size, inference_max_requests=batch, inference_max_seq_length=longest)
+            padded_vocab_size=gpt.vocab_size, inference_max_requests=batch, inference_max_seq_length=longest)
         context = StaticInferenceContext(batch, longest)  # a fresh, empty KV cache for this call
         wrapper = GPTInferenceWrapper(self.model, config, context)
         was_training = self.model.training

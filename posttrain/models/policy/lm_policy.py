@@ -20,6 +20,7 @@ from posttrain.distributed.sharding import global_batch_shards
 from posttrain.distributed.transport import Cluster, current_transport
 from posttrain.distributed.worker_group import Pending
 from posttrain.errors import ConfigError
+from posttrain.models.placement import require_gpus
 from posttrain.models.policy.hf_policy_worker import HfPolicyWorker
 from posttrain.models.policy.interfaces import LossFn, TrainResult
 from posttrain.models.policy.lora import check_adapter
@@ -50,11 +51,7 @@ def check_backend(cfg: PolicyConfig, gpus_per_worker: float, gpus_found: int | N
         return
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
         raise ConfigError(MCORE_MISSING)
-    found = torch.cuda.device_count() if gpus_found is None else gpus_found
-    if found == 0:
-        raise ConfigError("policy.backend=megatron needs 1 GPU, found 0 (megatron-core's forward pass runs on CUDA)")
-    if gpus_per_worker <= 0:
-        raise ConfigError("policy.backend=megatron needs GPUs for its workers: set cluster.gpus_per_worker > 0")
+    require_gpus("policy.backend=megatron", gpus_per_worker, gpus_found, "megatron-core's forward pass runs on CUDA")
     tp = cfg.megatron.tensor_model_parallel_size
     if tp > 1 and gpus_per_worker < 1:
         raise ConfigError(f"policy.megatron.tensor_model_parallel_size={tp} needs a whole GPU per rank, "

@@ -20,20 +20,13 @@ import torch
 
 from posttrain.config import PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch
-from posttrain.models.megatron.conversion import GPTShape, hf_to_megatron, megatron_to_hf
+from posttrain.models.megatron.conversion import GPTShape, hf_to_megatron, megatron_to_hf, read_hf_weights
 from posttrain.models.megatron.model import load_local_state, local_state
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 from posttrain.models.precision import use_tf32_for_fp32
 from posttrain.utils.checkpoint import atomic_dir
 
 OPTIMIZER_STATE = "megatron_optimizer_tp{rank}.pt"
-
-
-def _read_hf_weights(model_path: str) -> dict[str, torch.Tensor]:
-    """The Hugging Face state dict of ``model_path`` (fp32, CPU), tied weights included."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).state_dict()
 
 
 class MegatronPolicyWorkerImpl(PolicyWorkerBase):
@@ -77,7 +70,7 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase):
         mc.init_parallel_state(init_method, rank, self.tp, self.tp, seed)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
-        shard = hf_to_megatron(_read_hf_weights(model_path), self.shape, rank, self.tp)
+        shard = hf_to_megatron(read_hf_weights(model_path), self.shape, rank, self.tp)
         model = mc.build_gpt_model(self.shape, self.precision, self.tp)
         load_local_state(model, shard)
         self.reference = None  # a run whose loss has no KL term keeps no copy (cfg.reference)
@@ -178,7 +171,7 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase):
     def load_checkpoint(self, path: str) -> None:
         """Restore weights (from the checkpoint's Hugging Face files), this rank's optimizer
         state (fp32 master weights included), the lr schedule and the weight version."""
-        load_local_state(self.model, hf_to_megatron(_read_hf_weights(path), self.shape, self.rank, self.tp))
+        load_local_state(self.model, hf_to_megatron(read_hf_weights(path), self.shape, self.rank, self.tp))
         state = torch.load(Path(path) / OPTIMIZER_STATE.format(rank=self.rank), weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.lr_steps, self.weight_version = state["lr_steps"], state["weight_version"]

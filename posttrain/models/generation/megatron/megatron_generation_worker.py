@@ -10,25 +10,18 @@ to megatron's layout on load. It needs a GPU (megatron-core's forward is CUDA-on
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import ray
 import torch
 
 from posttrain.config import GenerationWorkerConfig
+from posttrain.distributed.ray_cluster import free_port
 from posttrain.models.generation.engine import EngineWorker, teacher_forced_logprobs
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.models.precision import use_tf32_for_fp32
 from posttrain.weight_sync.receiver import Shapes
 from posttrain.weight_sync.transport import gpu_uuid
-
-
-def _local_init_method() -> str:
-    """``tcp://127.0.0.1:<free port>``: the rendezvous of a one-process group."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
 
 
 class MegatronGenerationWorkerImpl(EngineWorker):
@@ -41,11 +34,11 @@ class MegatronGenerationWorkerImpl(EngineWorker):
     """
 
     def __init__(self, model_path: str, cfg: GenerationWorkerConfig | None = None, rank: int = 0):
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
         from transformers.utils import logging as hf_logging
 
         from posttrain.models.megatron import model as mc
-        from posttrain.models.megatron.conversion import GPTShape
+        from posttrain.models.megatron.conversion import GPTShape, read_hf_weights
         from posttrain.models.megatron.inference import MegatronSampler
 
         cfg = cfg or GenerationWorkerConfig()
@@ -57,15 +50,14 @@ class MegatronGenerationWorkerImpl(EngineWorker):
         use_tf32_for_fp32("cuda", precision == "fp32" and cfg.tf32)  # as the policy worker does
         hf_config = AutoConfig.from_pretrained(model_path)
         self.shape = GPTShape.from_hf_config(hf_config)
-        mc.init_parallel_state(_local_init_method(), 0, 1, 1, cfg.seed)
-        hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).state_dict()
+        mc.init_parallel_state(f"tcp://127.0.0.1:{free_port('127.0.0.1')}", 0, 1, 1, cfg.seed)  # a group of one
+        hf = read_hf_weights(model_path)
         self._shapes: Shapes = {name: tuple(t.shape) for name, t in hf.items()}
         self.model = mc.build_gpt_model(self.shape, precision, 1).eval()
         self._load_hf(hf)
         self.eos_id = hf_config.eos_token_id
         self.device = torch.device("cuda", torch.cuda.current_device())
-        self.sampler = MegatronSampler(self.model, self.shape.vocab_size, self.shape.hidden_size, self.eos_id,
-                                       torch.bfloat16 if precision == "bf16-mixed" else torch.float32)
+        self.sampler = MegatronSampler(self.model, self.shape.vocab_size, self.eos_id)
 
     def _load_hf(self, hf: dict[str, torch.Tensor]) -> None:
         """Copy a whole Hugging Face state dict into the megatron model (converted, in place)."""

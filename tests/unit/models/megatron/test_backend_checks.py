@@ -62,7 +62,7 @@ def test_megatron_without_the_gpus_it_needs_is_refused(monkeypatch, tp, gpus_per
 
 @pytest.mark.parametrize(("gpus_per_worker", "found", "message"), [
     (0.5, 0, "generation.backend=megatron needs 1 GPU, found 0 (its engines run on CUDA only)"),
-    (0.0, 1, "generation.backend=megatron needs GPUs for its engines: set cluster.gpus_per_worker > 0"),
+    (0.0, 1, "generation.backend=megatron needs GPUs for its workers: set cluster.gpus_per_worker > 0"),
 ])
 def test_megatron_engines_without_the_gpus_they_need_are_refused(gpus_per_worker, found, message) -> None:
     with pytest.raises(ConfigError, match=f"^{message}$".replace("(", r"\(").replace(")", r"\)")):

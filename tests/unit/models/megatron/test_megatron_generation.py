@@ -185,7 +185,7 @@ def test_the_policys_own_model_samples_as_the_engine_and_stays_in_training_mode(
     trainer = make_worker("megatron", stopping_tiny)
     model = unwrap(trainer.model)
     assert model.training
-    sampler = MegatronSampler(model, trainer.shape.vocab_size, trainer.shape.hidden_size, engine.eos_id, torch.float32)
+    sampler = MegatronSampler(model, trainer.shape.vocab_size, engine.eos_id)
     prompts = mixed_prompts(32, 17, seed=8)
     params = SamplingParams(max_new_tokens=MAX_NEW, temperature=0.8, top_k=6, seed=2)
     own = sampler.generate(prompts, params, seed=11)

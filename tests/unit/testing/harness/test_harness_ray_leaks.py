@@ -8,16 +8,20 @@ from __future__ import annotations
 
 from posttrain.testing.harness.ray_leaks import LiveRayObjects, leaked, live_ray_objects
 
-INNER = '''
+# The inner modules' common head: an actor class to leak or to hold.
+HEAD = '''
 import pytest
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import placement_group
 
 
 @ray.remote(num_cpus=0)
 class Sleeper:
     def ping(self):
         return "pong"
+'''
+
+INNER = HEAD + '''
 
 
 @pytest.fixture(scope="module")
@@ -86,16 +90,7 @@ def test_no_ray_no_cost(monkeypatch):
     assert "ray" not in sys.modules  # the check never imports Ray itself
 
 
-SETTLING = '''
-import pytest
-import ray
-
-
-@ray.remote(num_cpus=0)
-class Sleeper:
-    def ping(self):
-        return "pong"
-
+SETTLING = HEAD + '''
 
 @pytest.fixture(scope="session")
 def ray_cluster():  # Ray is the outer session's; the name is what the check reads
