@@ -14,6 +14,11 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 export RAY_ENABLE_UV_RUN_RUNTIME_ENV=0
+# Write bytecode even where PYTHONDONTWRITEBYTECODE is set (CI machines, many containers): without it
+# every process of the tier (each xdist worker, Ray actor and pytester subprocess) compiled posttrain
+# afresh and pytest re-rewrote the asserts of ~360 modules at each start (docs/testing.md, "Bytecode").
+# The files go to the git-ignored __pycache__ folders; where the tree is read-only Python skips them.
+unset PYTHONDONTWRITEBYTECODE
 # One GPU count for the plan (which extra) and for the gpu(n) skips in pytest.
 if [ -z "${POSTTRAIN_NUM_GPUS:-}" ]; then
   POSTTRAIN_NUM_GPUS=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)

@@ -137,3 +137,15 @@ def test_unknown_flags_exit_2(tmp_path, flag, message):
     proc = run_unit(tmp_path, flag)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stderr
+
+
+def test_bytecode_is_written_where_the_environment_forbids_it(tmp_path, monkeypatch):
+    """The GPU image and CI machines set PYTHONDONTWRITEBYTECODE=1: then every process of the tier
+    (xdist workers, Ray actors, pytester runs) compiled the same sources again; on 16 cores -n auto
+    took 182 s with it and 115 s without (docs/testing.md, "Bytecode"). run_unit.sh drops it for its
+    tests and everything they start."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    proc = run_unit(tmp_path, "-o", "python_files=case_*.py", "-p", "no:cacheprovider", "-v",
+                    "tests/unit/testing/harness/fixture_tree/case_bytecode.py", tree=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "case_bytecode.py::test_bytecode_is_written PASSED" in proc.stdout
