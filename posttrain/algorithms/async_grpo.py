@@ -35,6 +35,8 @@ from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.runtime import open_run
 from posttrain.data.datasets import load_problems
 from posttrain.errors import BufferTimeoutError, ConfigError
+from posttrain.models.generation.backends import serves_in_place
+from posttrain.models.generation.megatron.in_place import check_in_place
 from posttrain.rollouts.filters import StalenessFilter, staleness
 from posttrain.rollouts.samples import RolloutSample
 from posttrain.utils.timer import Timer
@@ -90,11 +92,15 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
     """Run asynchronous GRPO as configured (``grpo.async.enabled``); returns the logged metrics.
 
     Raises:
-        ConfigError: ``grpo.async.buffer_size`` too small for ``max_staleness``.
+        ConfigError: ``grpo.async.buffer_size`` too small for ``max_staleness``; an in-place
+            megatron engine (the policy's own workers cannot generate while they train).
         BufferTimeoutError: a step's rollouts did not arrive within ``claim_timeout_s``.
         RolloutTagError: a sample's tags are wrong (a producer bug; see ``StalenessFilter``).
     """
     acfg = cfg.grpo.async_
+    if serves_in_place(cfg.generation, cfg.generation.backend, cfg.policy.backend):
+        check_in_place(cfg.policy.backend, cfg.policy.megatron.tensor_model_parallel_size,
+                       cfg.generation.num_workers, asynchronous=True)
     capacity = buffer_capacity(cfg)
     n = cfg.grpo.num_prompts_per_step * cfg.grpo.completions_per_prompt
     train_problems, val_problems = load_problems(cfg.data)

@@ -24,11 +24,13 @@ from posttrain.errors import ConfigError
 from posttrain.models.generation.backends import (
     check_engine_placement,
     create_generation,
+    create_in_place,
     num_bundles,
     resolve_backend,
+    serves_in_place,
 )
-from posttrain.models.generation.engine_group import EngineGroup
 from posttrain.models.generation.interfaces import Generation
+from posttrain.models.generation.megatron.in_place import check_in_place
 from posttrain.models.policy.interfaces import TrainResult
 from posttrain.models.policy.lm_policy import Policy, check_backend, num_policy_workers
 from posttrain.models.tiny import build_tiny_model
@@ -108,7 +110,9 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
 
     The backend is ``generation.backend`` resolved (``auto``: vLLM when installed). The
     policy takes bundle 0 (and one more per extra tensor-parallel rank of a Megatron
-    policy); colocated vLLM engines share bundle 0, other engines take one bundle each.
+    policy); colocated vLLM engines share bundle 0, other engines take one bundle each, and a
+    colocated megatron engine over a Megatron policy is the policy's own workers (in place:
+    ``models.generation.megatron.in_place``).
     The policy workers compute logprobs under the sampling distribution (temperature, top-k,
     top-p), so the engine's and the trainer's logprobs of the same tokens are comparable.
 
@@ -128,21 +132,26 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     # A missing vLLM extra: one line, before Ray starts (and no check when nothing generates).
     backend = resolve_backend(generation.backend) if with_generation else None
+    in_place = backend is not None and serves_in_place(generation, backend, policy.backend)
     if backend:
         check_engine_placement(backend, cluster.gpus_per_worker)
+    if in_place:
+        check_in_place(policy.backend, policy.megatron.tensor_model_parallel_size, generation.num_workers)
     transport = current_transport()  # Ray, unless the caller chose another (distributed/transport.py)
     transport.start(cluster.address, cluster.num_cpus, cluster.num_gpus)
     policy_workers = num_policy_workers(worker_cfg)
-    bundles = num_bundles(generation, backend, policy_workers) if backend else policy_workers
+    bundles = num_bundles(generation, backend, policy_workers, policy.backend) if backend else policy_workers
     vc = transport.cluster(bundles, cluster.cpus_per_worker, cluster.gpus_per_worker)
-    gen: EngineGroup | None = None
+    gen: Generation | None = None
     try:
         pol = Policy(vc, model_path, worker_cfg, seed, bundle_indices=list(range(policy_workers)))
     except BaseException:
         vc.shutdown()
         raise
     try:
-        if backend:
+        if backend and in_place:
+            gen = create_in_place(backend, pol)
+        elif backend:
             gen = create_generation(generation, cluster, vc, model_path, backend, seed, policy_workers,
                                     worker_cfg.resolved_precision, worker_cfg.tf32)
         # Both start in parallel; a constructor error surfaces here, as one line.
@@ -161,6 +170,7 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     engine = "no generation engine"
     if backend:
         colocated = " (colocated)" if bundles == policy_workers else ""  # the engines hold no bundle of their own
+        colocated = " (in place: the policy's own weights)" if in_place else colocated
         engine = f"{generation.num_workers} x {backend} engine{colocated}"
     print(f"runtime: {describe_policy(policy, pol)} policy, {engine}, on {cluster.device}", flush=True)
     return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer), probe)

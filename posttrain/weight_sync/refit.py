@@ -29,7 +29,8 @@ class RefitTarget(Protocol):
 
     @property
     def refit_setting(self) -> str:
-        """``generation.refit_transport``: "auto" or "object_store"."""
+        """``generation.refit_transport``: "auto" or "object_store"; "in_place" for engines that
+        read the policy's own weights (nothing is sent)."""
         ...
 
     @property
@@ -105,8 +106,8 @@ class RefitSource(Protocol):
 def refit_transport(policy: RefitSource, engines: RefitTarget) -> Transport:
     """How a refit reaches ``engines`` (:func:`~posttrain.weight_sync.transport.choose_refit_transport`
     of their setting and of the GPUs; none is asked for under ``object_store``)."""
-    if engines.refit_setting == "object_store":
-        return "object_store"
+    if engines.refit_setting in ("object_store", "in_place"):
+        return engines.refit_setting  # type: ignore[return-value]
     return choose_refit_transport(engines.refit_setting, policy.gpu_uuid(), engines.gpu_uuids())
 
 
@@ -117,7 +118,9 @@ def refit(policy: RefitSource, engines: RefitTarget, probe: RefitProbe | None = 
 
     The weights never pass through the driver (``transport``, default :func:`refit_transport`):
     when every engine holds the policy's GPU, only CUDA IPC handles travel and the engines
-    copy device to device; otherwise the policy worker broadcasts them to the engines (NCCL
+    copy device to device; engines that read the policy's own weights (``in_place``: the megatron
+    engine colocated with a Megatron policy) are sent nothing and only publish the version;
+    otherwise the policy worker broadcasts them to the engines (NCCL
     between GPUs, gloo between CPUs), or, where neither can be used, puts them into Ray's
     object store and the driver passes the reference on. The trainer scores the probe in the
     same call as it sends; the engines read their version back and score the probe in the same
@@ -139,6 +142,8 @@ def refit(policy: RefitSource, engines: RefitTarget, probe: RefitProbe | None = 
     probe_batch, probe_request = (probe.batch, probe.request) if probe is not None else (None, None)
     if transport == "broadcast":
         trainer_probe, receipt = _broadcast(policy, engines, version, probe_batch, probe_request)
+    elif transport == "in_place":  # the engines read the policy's own tensors: publish the version, send nothing
+        trainer_probe, receipt = None, engines.update_weights(None, version, probe_request)
     else:
         weights, trainer_probe = policy.put_weights(probe_batch, cuda_ipc=transport == "cuda_ipc")
         receipt = engines.update_weights(weights, version, probe_request)

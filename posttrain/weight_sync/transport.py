@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import torch
 
-Transport = Literal["cuda_ipc", "broadcast", "object_store"]
+Transport = Literal["cuda_ipc", "broadcast", "object_store", "in_place"]
 
 
 def choose_refit_transport(setting: str, policy_gpu: str | None, engine_gpus: list[str | None]) -> Transport:

@@ -49,6 +49,8 @@ TRACKER = "tests/unit/testing/harness/test_harness_tracker.py"
 SAMPLING_TESTS = "tests/unit/models/generation/test_sampling_distribution.py"
 PRECISION_TESTS = "tests/unit/models/policy/test_precision.py"
 MCORE_GEN_TESTS = "tests/unit/models/megatron/test_megatron_generation.py"
+MCORE_IN_PLACE_TESTS = "tests/unit/models/megatron/test_megatron_in_place.py"
+IN_PLACE = "posttrain/models/generation/megatron/in_place.py"
 MCORE_SAMPLER = "posttrain/models/megatron/inference.py"
 
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
@@ -758,6 +760,12 @@ MUTANTS: tuple[Mutant, ...] = (
            (("        parallel.share_ray_auth_token()  # workers", "        None  # workers"),),
            ("tests/unit/testing/harness/test_harness_parallel.py::"
             "test_a_workers_cluster_starts_after_another_worker_rewrote_the_ray_token_file",), klass="harness"),
+    Mutant("run_unit_keeps_dontwritebytecode", "run_unit.sh keeps a PYTHONDONTWRITEBYTECODE=1 of the machine: every "
+           "xdist worker, Ray actor and pytester run compiles the same sources again (16 cores: 182 s, not 115 s)",
+           "tests/run_unit.sh",
+           (("unset PYTHONDONTWRITEBYTECODE", ": PYTHONDONTWRITEBYTECODE kept"),),
+           ("tests/unit/testing/harness/test_harness_run_unit.py::"
+            "test_bytecode_is_written_where_the_environment_forbids_it",), klass="harness"),
     Mutant("sampling_accuracy_averages_the_logprobs", "val/sampling_accuracy takes exp of the mean logprob over the "
            "row (padding counted), not of the sum over the answer's tokens: a per-token geometric mean that reads "
            "high whatever the answer's probability",
@@ -922,4 +930,25 @@ MUTANTS: tuple[Mutant, ...] = (
            (("        self._load_hf(hf)\n        self.version = version", "        self.version = version"),),
            (f"{MCORE_GEN_TESTS}::test_a_refit_is_served_by_the_next_call",), klass="megatron-generation", tier="mcore",
            gpus=1),
+    # issue 33, the engine in place (models/generation/megatron/in_place.py)
+    Mutant("in_place_engine_serves_unpublished_weights", "the in-place megatron engine generates between a train step "
+           "and its refit: completions of weights no probe checked, labelled with the previous version",
+           IN_PLACE, (("        if self.served_version != self.weight_version:", "        if False:"),),
+           (f"{MCORE_IN_PLACE_TESTS}::test_a_train_step_is_served_only_after_the_refit_publishes_it",),
+           klass="megatron-generation", tier="mcore", gpus=1),
+    Mutant("in_place_refit_publishes_nothing", "an in-place refit answers without publishing the version: the "
+           "engine keeps labelling completions with the old one", IN_PLACE,
+           (("        self.served_version = version\n", "        pass\n"),),
+           (f"{MCORE_IN_PLACE_TESTS}::test_a_train_step_is_served_only_after_the_refit_publishes_it",),
+           klass="stale-engine", tier="mcore", gpus=1),
+    Mutant("in_place_engine_samples_the_reference", "the in-place engine samples from the frozen reference model, "
+           "not the one the policy trains: generation never sees a train step", IN_PLACE,
+           (("MegatronSampler(unwrap(self.model),", "MegatronSampler(unwrap(self.reference or self.model),"),),
+           (f"{MCORE_IN_PLACE_TESTS}::test_a_train_step_is_served_only_after_the_refit_publishes_it",),
+           klass="megatron-generation", tier="mcore", gpus=1),
+    Mutant("in_place_over_an_hf_policy", "a colocated megatron engine over an HF policy is taken for the policy's "
+           "own workers: no engine of its own, no bundle, no weights", "posttrain/models/generation/backends.py",
+           (("row.in_place is not None and policy_backend == backend", "row.in_place is not None"),),
+           ("tests/unit/models/megatron/test_backend_checks.py::"
+            "test_a_colocated_megatron_engine_over_a_megatron_policy_takes_no_bundle_of_its_own",), klass="config"),
 )

@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from posttrain.config import ClusterConfig, GenerationConfig, GenerationWorkerConfig, Precision
 from posttrain.distributed.transport import Cluster
@@ -41,6 +42,9 @@ class EngineBackend:
         auto_order: ``auto`` picks the importable backend of the lowest order (None: never).
         needs_gpu: its engines run on CUDA only (:func:`check_engine_placement` refuses a run
             without GPUs before Ray starts).
+        in_place: with ``generation.colocated`` and a policy of this same backend, the engine is
+            the policy's own workers: the driver's engine class (``"module:Class"``, built from
+            the ``Policy``), which reserves nothing and receives no weights (None: never).
     """
 
     name: str
@@ -51,6 +55,7 @@ class EngineBackend:
     colocates: bool = False
     auto_order: int | None = None
     needs_gpu: bool = False
+    in_place: str | None = None
 
     def worker_class(self) -> type:
         """The engine worker class (``worker``, imported if named)."""
@@ -124,11 +129,28 @@ def check_engine_placement(backend: str, gpus_per_worker: float, gpus_found: int
         require_gpus(f"generation.backend={backend}", gpus_per_worker, gpus_found, "its engines run on CUDA only")
 
 
-def num_bundles(cfg: GenerationConfig, backend: str, policy_workers: int = 1) -> int:
+def serves_in_place(cfg: GenerationConfig, backend: str, policy_backend: str) -> bool:
+    """Whether the policy's own workers are the engine: ``generation.colocated``, a backend with
+    an ``in_place`` engine, and a policy of that backend (the megatron engine over a Megatron
+    policy; over an HF policy it is an engine of its own)."""
+    row = BACKENDS.get(backend)  # `auto` never resolves to an in-place row
+    return cfg.colocated and row is not None and row.in_place is not None and policy_backend == backend
+
+
+def num_bundles(cfg: GenerationConfig, backend: str, policy_workers: int = 1, policy_backend: str = "hf") -> int:
     """Bundles of the virtual cluster: the policy's (one per policy worker), plus one per
-    engine unless colocated (``generation.colocated`` and a backend that ``colocates``)."""
+    engine unless colocated (``generation.colocated`` and a backend that ``colocates``) or in
+    place (:func:`serves_in_place`)."""
     colocated = cfg.colocated and BACKENDS[backend].colocates
-    return policy_workers if colocated else policy_workers + cfg.num_workers
+    if colocated or serves_in_place(cfg, backend, policy_backend):
+        return policy_workers
+    return policy_workers + cfg.num_workers
+
+
+def create_in_place(backend: str, policy: Any) -> Any:
+    """The driver's engine over ``policy``'s own workers (the row's ``in_place`` class)."""
+    module, _, cls = (BACKENDS[backend].in_place or "").partition(":")
+    return getattr(importlib.import_module(module), cls)(policy)
 
 
 def create_generation(cfg: GenerationConfig, cluster_cfg: ClusterConfig, cluster: Cluster,
@@ -164,4 +186,4 @@ register_backend(EngineBackend(
     name="megatron", worker="posttrain.models.generation.megatron.megatron_generation_worker:MegatronGenerationWorker",
     who="megatron engines", requires="megatron.core",
     install_hint="run with `uv run --extra mcore ...` on a GPU machine (megatron-core's forward is CUDA-only)",
-    needs_gpu=True))
+    needs_gpu=True, in_place="posttrain.models.generation.megatron.in_place:InPlaceMegatronEngine"))

@@ -20,6 +20,7 @@ import torch
 
 from posttrain.config import PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch
+from posttrain.models.generation.megatron.in_place import InPlaceEngineMixin
 from posttrain.models.megatron.conversion import GPTShape, hf_to_megatron, megatron_to_hf, read_hf_weights
 from posttrain.models.megatron.model import load_local_state, local_state
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
@@ -29,9 +30,10 @@ from posttrain.utils.checkpoint import atomic_dir
 OPTIMIZER_STATE = "megatron_optimizer_tp{rank}.pt"
 
 
-class MegatronPolicyWorkerImpl(PolicyWorkerBase):
+class MegatronPolicyWorkerImpl(PolicyWorkerBase, InPlaceEngineMixin):
     """One tensor-parallel rank of a Megatron policy: the trained ``GPTModel`` (in megatron-core
-    DDP), a frozen reference copy, and megatron-core's Adam.
+    DDP), a frozen reference copy, and megatron-core's Adam; with an in-place megatron engine
+    it also generates from that model (``InPlaceEngineMixin``: the ``engine_*`` calls).
 
     Args:
         model_path: Hugging Face Qwen2 directory; converted to megatron shards at start.

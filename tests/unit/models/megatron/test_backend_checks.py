@@ -130,3 +130,43 @@ def test_the_megatron_engine_row_names_a_worker_that_imports_without_megatron_co
     with pytest.raises(RuntimeError, match=r"^generation.backend=megatron needs a GPU: megatron-core's forward "
                                            r"pass is CUDA-only$"):
         MegatronGenerationWorkerImpl("unused")
+
+
+def test_a_colocated_megatron_engine_over_a_megatron_policy_takes_no_bundle_of_its_own() -> None:
+    from posttrain.models.generation.backends import serves_in_place
+
+    colocated, own = GenerationConfig(backend="megatron"), GenerationConfig(backend="megatron", colocated=False)
+    assert serves_in_place(colocated, "megatron", "megatron")
+    assert num_bundles(colocated, "megatron", policy_workers=1, policy_backend="megatron") == 1
+    # not in place: an HF policy, or colocated=false -> an engine with a bundle of its own
+    assert not serves_in_place(colocated, "megatron", "hf")
+    assert num_bundles(colocated, "megatron", policy_workers=1, policy_backend="hf") == 2
+    assert not serves_in_place(own, "megatron", "megatron")
+    assert num_bundles(own, "megatron", policy_workers=1, policy_backend="megatron") == 2
+    assert not serves_in_place(GenerationConfig(backend="auto"), "auto", "megatron")
+    assert num_bundles(colocated, "hf", policy_workers=1, policy_backend="hf") == 2
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("hf", 1), "policy.backend=hf"),
+    (("megatron", 2), "tensor_model_parallel_size=1 only, got 2"),
+    (("megatron", 1, 2), "generation.num_workers=2"),
+    (("megatron", 1, 1, True), "async GRPO generates while it trains"),
+])
+def test_an_in_place_engine_this_code_does_not_serve_is_refused_in_one_line(args, message) -> None:
+    from posttrain.models.generation.megatron.in_place import check_in_place
+
+    with pytest.raises(ConfigError, match=message) as err:
+        check_in_place(*args)
+    assert "\n" not in str(err.value) and "generation.colocated=false" in str(err.value)
+    check_in_place("megatron", 1, 1)  # what it serves passes
+
+
+def test_async_grpo_with_an_in_place_megatron_engine_is_refused_before_ray_starts(tmp_path) -> None:
+    result = run(sys.executable, "examples/run_grpo.py", "grpo.async.enabled=true", "policy.backend=megatron",
+                 "generation.backend=megatron", f"logger.log_dir={tmp_path}", CUDA_VISIBLE_DEVICES="",
+                 POSTTRAIN_VERBOSE="1")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "async GRPO generates while it trains" in lines[0], lines
+    assert "Started a local Ray instance" not in result.stdout + result.stderr

@@ -30,6 +30,7 @@ import math
 
 import pytest
 import torch
+from harness.generation_refs import hf_greedy, mixed_prompts
 from harness.model_files import perturbed_copy
 from harness.policy_backends import make_worker
 
@@ -42,13 +43,6 @@ pytestmark = [pytest.mark.mcore, pytest.mark.gpu(1)]
 MAX_NEW = 16
 # The engine's logprob of a sampled token against the trainer's of the same token (fp32 both).
 LOGPROB_BOUND = 1e-4
-
-
-def mixed_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    """``n`` prompts of 1..12 ordinary tokens (ids 2.. : not pad or EOS)."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, 13, (n,), generator=g).tolist()
-    return [torch.randint(2, vocab, (k,), generator=g).tolist() for k in lengths]
 
 
 @pytest.fixture(scope="module")
@@ -80,19 +74,6 @@ def hf(stopping_tiny):
 
     torch.backends.cuda.matmul.allow_tf32 = False
     return AutoModelForCausalLM.from_pretrained(stopping_tiny, dtype=torch.float32).cuda().eval()
-
-
-def hf_greedy(model, prompts: list[list[int]], max_new: int) -> list[list[int]]:
-    """HF ``generate``'s greedy completions, each prompt alone (no padding), cut after EOS."""
-    eos = model.config.eos_token_id
-    out = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt], device="cuda")
-        seq = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
-                             do_sample=False, eos_token_id=eos, pad_token_id=model.config.pad_token_id)
-        new = seq[0, len(prompt):].tolist()
-        out.append(new[: new.index(eos) + 1] if eos in new else new)
-    return out
 
 
 def test_greedy_tokens_equal_hf_generates_on_64_prompts_of_mixed_lengths(engine, hf) -> None:
