@@ -930,6 +930,12 @@ MUTANTS: tuple[Mutant, ...] = (
            (("        self._load_hf(hf)\n        self.version = version", "        self.version = version"),),
            (f"{MCORE_GEN_TESTS}::test_a_refit_is_served_by_the_next_call",), klass="megatron-generation", tier="mcore",
            gpus=1),
+    Mutant("vllm_score_reads_the_previous_position", "the vLLM engine's score reads each token's logprob one "
+           "position early (the prompt's last logits for the first token): the probe and decode-vs-prefill drift",
+           "posttrain/models/generation/vllm/vllm_generation_worker.py",
+           (("out.prompt_logprobs[len(prompt) + t]", "out.prompt_logprobs[len(prompt) + max(t - 1, 0)]"),),
+           ("tests/unit/models/generation/test_vllm_generation.py::test_decode_logprobs_equal_one_prefill_of_the_sequence",),
+           klass="sampling", tier="vllm"),
     # issue 33, the engine in place (models/generation/megatron/in_place.py)
     Mutant("in_place_engine_serves_unpublished_weights", "the in-place megatron engine generates between a train step "
            "and its refit: completions of weights no probe checked, labelled with the previous version",

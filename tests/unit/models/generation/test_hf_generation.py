@@ -18,10 +18,15 @@ def test_a_left_padded_batch_generates_what_each_prompt_generates_alone(engine):
         assert together.logprobs[i] == pytest.approx(alone.logprobs[0], abs=1e-4), f"prompt {i}"
 
 
-def test_sampling_logprobs_are_the_teacher_forced_scores_of_the_sampled_tokens(engine):
-    params = SamplingParams(max_new_tokens=4, temperature=0.7, top_p=1.0, top_k=0, seed=3)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampling_logprobs_are_the_teacher_forced_scores_of_the_sampled_tokens(engine, temperature):
+    """Decode vs prefill: the logprobs recorded while generating (left-padded batch, KV cache)
+    equal the engine's one-prefill ``score`` of the finished sequences."""
+    params = SamplingParams(max_new_tokens=8, temperature=temperature, top_p=1.0, top_k=0, seed=3)
     out = engine.generate(PROMPTS, params)
     assert all(out.completion_ids)
-    scores = engine.score(PROMPTS, out.completion_ids, temperature=0.7)
+    scores = engine.score(PROMPTS, out.completion_ids, temperature=temperature)
+    gap = max(abs(a - b) for d, p in zip(out.logprobs, scores, strict=True) for a, b in zip(d, p, strict=True))
+    print(f"HF decode vs prefill at T {temperature}: max gap {gap:.2e}")
     for i, (sampled, scored) in enumerate(zip(out.logprobs, scores, strict=True)):
         assert sampled == pytest.approx(scored, abs=1e-4), f"prompt {i}"

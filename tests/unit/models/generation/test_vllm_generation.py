@@ -127,6 +127,21 @@ def test_sampled_logprobs_are_the_trainers_of_the_same_tempered_truncated_distri
         assert reported == pytest.approx(expected, abs=LOGPROB_TOLERANCE)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_decode_logprobs_equal_one_prefill_of_the_sequence(rt, temperature):
+    """The logprobs vLLM returns while decoding (token by token, through its KV cache and prefix
+    cache) equal its own ``score`` of the finished sequences (one prefill each): a stale or
+    misplaced cache entry moves them. 32 prompts of mixed lengths, 8 new tokens."""
+    prompts = [p + list(range(3, 3 + k % 5)) for k, p in enumerate(prompts_of(rt, 32, "+4="))]
+    out = rt.generation.generate(prompts, SamplingParams(max_new_tokens=8, temperature=temperature, seed=5))
+    prefill = rt.generation.score(prompts, out.completion_ids, temperature)
+    gap = max(abs(a - b) for d, p in zip(out.logprobs, prefill, strict=True) for a, b in zip(d, p, strict=True))
+    print(f"vLLM decode vs prefill at T {temperature}: max gap {gap:.2e} over "
+          f"{sum(map(len, out.completion_ids))} tokens")
+    assert sum(map(len, out.completion_ids)) > 32
+    assert gap < LOGPROB_TOLERANCE, gap
+
+
 def test_score_at_a_temperature_matches_the_formula(rt):
     prompts = prompts_of(rt, 4)
     completions = [[5, 6, 7]] * 4
