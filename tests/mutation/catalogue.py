@@ -936,6 +936,21 @@ MUTANTS: tuple[Mutant, ...] = (
            (("out.prompt_logprobs[len(prompt) + t]", "out.prompt_logprobs[len(prompt) + max(t - 1, 0)]"),),
            ("tests/unit/models/generation/test_vllm_generation.py::test_decode_logprobs_equal_one_prefill_of_the_sequence",),
            klass="sampling", tier="vllm"),
+    # issue 34: pipeline stages of the Megatron conversion (models/megatron/conversion.py)
+    Mutant("pipeline_stage_boundary_off_by_one", "every pipeline stage boundary sits one layer early: stage 0 "
+           "holds a layer too few and the last stage one too many, each loaded under the wrong layer number",
+           "posttrain/models/megatron/conversion.py",
+           (("    return range(pp_rank * per_stage, (pp_rank + 1) * per_stage)",
+             "    return range(max(pp_rank * per_stage - 1, 0), "
+             "(pp_rank + 1) * per_stage - (pp_rank < pp_size - 1))"),),
+           ("tests/unit/models/megatron/test_conversion.py::"
+            "test_each_pipeline_stage_holds_its_own_layers_renumbered_from_zero",), klass="megatron"),
+    Mutant("pipeline_tied_copy_not_compared", "tied embeddings over pipeline stages: a last-stage output layer that "
+           "drifted from the embedding is merged without a word, the export keeping the embedding only",
+           "posttrain/models/megatron/conversion.py",
+           (("    elif pp_size > 1 and not torch.equal(", "    elif False and not torch.equal("),),
+           ("tests/unit/models/megatron/test_conversion.py::"
+            "test_a_tied_output_layer_that_drifted_from_the_embedding_is_refused",), klass="megatron"),
     # issue 33, the engine in place (models/generation/megatron/in_place.py)
     Mutant("in_place_engine_serves_unpublished_weights", "the in-place megatron engine generates between a train step "
            "and its refit: completions of weights no probe checked, labelled with the previous version",

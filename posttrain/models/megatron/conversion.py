@@ -17,6 +17,13 @@ groups"), ``d`` head dim, ``t`` tensor-parallel size, rank ``r``):
   vocabulary padded to a multiple of ``t`` by zero rows (logits of pad rows are sliced off
   before any softmax, so they never receive probability mass or gradient).
 - Norm weights are replicated on every rank.
+
+Pipeline stages (``p`` stages, stage ``s``; :func:`split_pipeline_stage`,
+:func:`merge_pipeline_stages`): stage ``s`` holds layers ``[s L / p, (s + 1) L / p)``, numbered
+from 0 in its own state dict (``decoder.layers.0`` is global layer ``s L / p``); the embedding
+lives on the first stage, the final norm and the output layer on the last. With tied embeddings
+and ``p > 1`` the last stage holds its own copy of the embedding as ``output_layer.weight``
+(megatron-core keeps the two equal by all-reducing their gradients over the embedding group).
 """
 
 from __future__ import annotations
@@ -220,6 +227,80 @@ def megatron_to_hf(shards: list[dict[str, torch.Tensor]], shape: GPTShape) -> di
         out[f"{h}post_attention_layernorm.weight"] = first[f"{m}pre_mlp_layernorm.weight"]
     out["model.norm.weight"] = first["decoder.final_layernorm.weight"]
     out["lm_head.weight"] = embed if shape.tied else rows("output_layer.weight")[: shape.vocab_size]
+    return out
+
+
+def stage_layers(shape: GPTShape, pp_rank: int, pp_size: int) -> range:
+    """The global layer indices pipeline stage ``pp_rank`` of ``pp_size`` holds (an even split, as
+    megatron-core makes it without per-stage layer counts).
+
+    Raises:
+        ConfigError: ``pp_size`` does not divide the model's layers, or ``pp_rank`` is not a stage.
+    """
+    if pp_size < 1 or shape.num_layers % pp_size:
+        raise ConfigError(f"policy.megatron.pipeline_model_parallel_size={pp_size} does not divide the model's "
+                          f"num_hidden_layers ({shape.num_layers})")
+    if not 0 <= pp_rank < pp_size:
+        raise ConfigError(f"pipeline stage {pp_rank} of {pp_size}: expected 0 .. {pp_size - 1}")
+    per_stage = shape.num_layers // pp_size
+    return range(pp_rank * per_stage, (pp_rank + 1) * per_stage)
+
+
+def _renumbered(state: dict[str, torch.Tensor], layers: range, to_local: bool) -> dict[str, torch.Tensor]:
+    """The ``decoder.layers.<i>.`` entries of ``layers`` (global indices), keyed local-from-0
+    (``to_local``) or global (state keyed local)."""
+    out = {}
+    for local, i in enumerate(layers):
+        src, dst = (i, local) if to_local else (local, i)
+        prefix = _MC_LAYER.format(i=src)
+        out.update({_MC_LAYER.format(i=dst) + k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+    return out
+
+
+def split_pipeline_stage(state: dict[str, torch.Tensor], shape: GPTShape, pp_rank: int,
+                         pp_size: int) -> dict[str, torch.Tensor]:
+    """Pipeline stage ``pp_rank``'s part of one tensor-parallel rank's whole-model state dict
+    (:func:`hf_to_megatron`'s output): its layers renumbered from 0, the embedding on the first
+    stage, the final norm and the output layer (the embedding's copy when tied) on the last.
+
+    Raises:
+        ConfigError: see :func:`stage_layers`.
+    """
+    out = _renumbered(state, stage_layers(shape, pp_rank, pp_size), to_local=True)
+    if pp_rank == 0:
+        out["embedding.word_embeddings.weight"] = state["embedding.word_embeddings.weight"]
+    if pp_rank == pp_size - 1:
+        out["decoder.final_layernorm.weight"] = state["decoder.final_layernorm.weight"]
+        if not shape.tied:
+            out["output_layer.weight"] = state["output_layer.weight"]
+        elif pp_size > 1:
+            out["output_layer.weight"] = state["embedding.word_embeddings.weight"].clone()
+    return out
+
+
+def merge_pipeline_stages(stages: list[dict[str, torch.Tensor]], shape: GPTShape) -> dict[str, torch.Tensor]:
+    """One tensor-parallel rank's stage state dicts (``stages[s]``, local layer numbers) as the
+    whole model's (global numbers): what :func:`megatron_to_hf` merges across ranks.
+
+    Raises:
+        ConfigError: the number of stages does not divide the layers.
+        ValueError: tied embeddings whose last-stage copy differs from the first stage's embedding
+            (the embedding group's gradient all-reduce did not run: the model trains two
+            different matrices that the export would hide).
+    """
+    pp_size = len(stages)
+    out: dict[str, torch.Tensor] = {}
+    for pp_rank, stage in enumerate(stages):
+        out.update(_renumbered(stage, stage_layers(shape, pp_rank, pp_size), to_local=False))
+    embedding, last = stages[0]["embedding.word_embeddings.weight"], stages[-1]
+    out["embedding.word_embeddings.weight"] = embedding
+    out["decoder.final_layernorm.weight"] = last["decoder.final_layernorm.weight"]
+    if not shape.tied:
+        out["output_layer.weight"] = last["output_layer.weight"]
+    elif pp_size > 1 and not torch.equal(last["output_layer.weight"], embedding):
+        gap = (last["output_layer.weight"].float() - embedding.float()).abs().max().item()
+        raise ValueError(f"tied embeddings: the last pipeline stage's output layer differs from the first stage's "
+                         f"embedding by up to {gap:.3g}: their gradients were not all-reduced over the embedding group")
     return out
 
 

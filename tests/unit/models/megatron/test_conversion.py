@@ -14,15 +14,23 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from posttrain.errors import ConfigError
-from posttrain.models.megatron.conversion import GPTShape, hf_to_megatron, megatron_to_hf
+from posttrain.models.megatron.conversion import (
+    GPTShape,
+    hf_to_megatron,
+    megatron_to_hf,
+    merge_pipeline_stages,
+    split_pipeline_stage,
+    stage_layers,
+)
 
 HEAD_DIM, N_Q, N_KV = 4, 8, 4
 
 
 def qwen2(tied: bool = True, vocab: int = 37, **overrides) -> Qwen2ForCausalLM:
     """A small Qwen2 with every weight random (biases and norms too) and an odd vocabulary."""
-    config = Qwen2Config(vocab_size=vocab, hidden_size=N_Q * HEAD_DIM, intermediate_size=24, num_hidden_layers=2,
-                         num_attention_heads=N_Q, num_key_value_heads=N_KV, tie_word_embeddings=tied, **overrides)
+    sizes = {"num_hidden_layers": 2, **overrides}
+    config = Qwen2Config(vocab_size=vocab, hidden_size=N_Q * HEAD_DIM, intermediate_size=24, num_attention_heads=N_Q,
+                         num_key_value_heads=N_KV, tie_word_embeddings=tied, **sizes)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     with torch.no_grad():
@@ -134,3 +142,74 @@ def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused(tp: in
     shape = GPTShape.from_hf_config(qwen2().config)
     with pytest.raises(ConfigError, match=f"tensor_model_parallel_size={tp} does not divide the model's {what}"):
         shape.check_tensor_parallel(tp)
+
+
+# -- pipeline stages ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pp", [2, 3, 6])
+@pytest.mark.parametrize("tied", [True, False])
+def test_each_pipeline_stage_holds_its_own_layers_renumbered_from_zero(pp: int, tied: bool) -> None:
+    """Stage ``s`` of 6 layers in ``pp`` stages holds global layers ``[6s/pp, 6(s+1)/pp)`` as
+    ``decoder.layers.0..``, the first stage the embedding, the last the final norm and the output
+    layer (a copy of the embedding when tied). Checked layer by layer against the whole model."""
+    model = qwen2(tied=tied, num_hidden_layers=6)
+    shape = GPTShape.from_hf_config(model.config)
+    whole = hf_to_megatron(model.state_dict(), shape)
+    per_stage = 6 // pp
+    for stage in range(pp):
+        part = split_pipeline_stage(whole, shape, stage, pp)
+        layers = {int(k.split(".")[2]) for k in part if k.startswith("decoder.layers.")}
+        assert layers == set(range(per_stage)), (stage, sorted(layers))
+        for k, v in part.items():
+            if k.startswith("decoder.layers."):
+                local = int(k.split(".")[2])
+                global_key = k.replace(f"decoder.layers.{local}.", f"decoder.layers.{stage * per_stage + local}.", 1)
+                assert torch.equal(v, whole[global_key]), k
+        assert ("embedding.word_embeddings.weight" in part) == (stage == 0)
+        assert ("decoder.final_layernorm.weight" in part) == (stage == pp - 1)
+        assert ("output_layer.weight" in part) == (stage == pp - 1)
+        if stage == pp - 1:
+            expected = whole["embedding.word_embeddings.weight"] if tied else whole["output_layer.weight"]
+            assert torch.equal(part["output_layer.weight"], expected)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize(("tp", "pp"), [(1, 1), (1, 2), (2, 3), (2, 6)])
+def test_stages_of_every_rank_round_trip_bit_exact_with_hf_names(tied: bool, tp: int, pp: int) -> None:
+    model = qwen2(tied=tied, num_hidden_layers=6)
+    hf = model.state_dict()
+    shape = GPTShape.from_hf_config(model.config)
+    ranks = [[split_pipeline_stage(hf_to_megatron(hf, shape, r, tp), shape, s, pp) for s in range(pp)]
+             for r in range(tp)]
+    back = megatron_to_hf([merge_pipeline_stages(stages, shape) for stages in ranks], shape)
+    assert back.keys() == hf.keys()
+    for name, tensor in hf.items():
+        assert torch.equal(back[name], tensor), name
+
+
+def test_a_tied_output_layer_that_drifted_from_the_embedding_is_refused() -> None:
+    """With tied embeddings over two stages, the last stage's copy must still equal the first
+    stage's embedding when the model is merged; otherwise the export would silently keep one of
+    two matrices the model trained apart."""
+    model = qwen2(tied=True, num_hidden_layers=6)
+    shape = GPTShape.from_hf_config(model.config)
+    whole = hf_to_megatron(model.state_dict(), shape)
+    stages = [split_pipeline_stage(whole, shape, s, 2) for s in range(2)]
+    merge_pipeline_stages(stages, shape)  # equal: merges
+    stages[1]["output_layer.weight"] = stages[1]["output_layer.weight"] + 1e-3
+    with pytest.raises(ValueError, match=r"^tied embeddings: the last pipeline stage's output layer differs from "
+                                         r"the first stage's embedding by up to 0.001"):
+        merge_pipeline_stages(stages, shape)
+
+
+@pytest.mark.parametrize(("pp", "rank", "message"), [
+    (4, 0, "policy.megatron.pipeline_model_parallel_size=4 does not divide the model's num_hidden_layers (6)"),
+    (0, 0, "policy.megatron.pipeline_model_parallel_size=0 does not divide the model's num_hidden_layers (6)"),
+    (2, 2, "pipeline stage 2 of 2: expected 0 .. 1"),
+])
+def test_a_stage_split_that_does_not_fit_the_layers_is_one_line(pp: int, rank: int, message: str) -> None:
+    shape = GPTShape.from_hf_config(qwen2(num_hidden_layers=6).config)
+    with pytest.raises(ConfigError) as err:
+        stage_layers(shape, rank, pp)
+    assert str(err.value) == message
