@@ -61,15 +61,30 @@ class MegatronConfig(Section):
     """The Megatron policy backend (``policy.backend: megatron``; extra ``mcore``, GPUs only)."""
 
     tensor_model_parallel_size: int = Field(1, ge=1, description="GPUs (policy workers) one model is split over")
-    pipeline_model_parallel_size: int = Field(1, ge=1, description="only 1: pipeline stages are not implemented")
+    pipeline_model_parallel_size: int = Field(
+        1, ge=1, description="only 1: the policy worker has no pipeline schedule yet (the weight conversion per "
+        "stage exists: models/megatron/conversion.py)")
+    context_parallel_size: int = Field(1, ge=1, description="only 1: no sequence is split over GPUs yet")
+    sequence_parallel: bool = Field(
+        False, description="megatron's sequence parallelism over the tensor-parallel ranks (needs "
+        "tensor_model_parallel_size > 1); only false: not wired yet")
 
     @model_validator(mode="after")
-    def _no_pipeline_yet(self) -> MegatronConfig:
+    def _layouts_not_built_yet(self) -> MegatronConfig:
         if self.pipeline_model_parallel_size != 1:
             raise ValueError(
                 f"pipeline_model_parallel_size={self.pipeline_model_parallel_size} is not supported: "
                 "the Megatron policy has no pipeline schedule yet (use 1; tensor parallelism is supported)"
             )
+        if self.context_parallel_size != 1:
+            raise ValueError(f"context_parallel_size={self.context_parallel_size} is not supported: the Megatron "
+                             "policy splits no sequence over GPUs yet (use 1)")
+        if self.sequence_parallel and self.tensor_model_parallel_size == 1:
+            raise ValueError("sequence_parallel=true needs tensor_model_parallel_size > 1 (it splits the sequence "
+                             "over the tensor-parallel ranks), got 1")
+        if self.sequence_parallel:
+            raise ValueError("sequence_parallel=true is not supported yet: the Megatron policy does not wire it "
+                             "(use false)")
         return self
 
 

@@ -679,6 +679,10 @@ PROVEN_ELSEWHERE: dict[str, str] = {
     "policy.megatron.tensor_model_parallel_size": MCORE + "test_tensor_parallel_2_matches_the_hf_worker",
     "policy.megatron.pipeline_model_parallel_size": "tests/unit/models/megatron/test_backend_checks.py::"
                                                     "test_megatron_pipeline_parallelism_is_refused",
+    "policy.megatron.context_parallel_size": "tests/unit/models/megatron/test_backend_checks.py::"
+                                             "test_megatron_layouts_not_built_yet_are_refused_in_one_line",
+    "policy.megatron.sequence_parallel": "tests/unit/models/megatron/test_backend_checks.py::"
+                                         "test_megatron_layouts_not_built_yet_are_refused_in_one_line",
     "data.dataset": "tests/integration/test_loop_data.py::test_grpo_on_gsm8k_trains_on_the_train_file_and_validates_"
                     "on_the_test_file",
     # the asynchronous loop runs real Ray actors (a producer, a buffer): proven with real Ray

@@ -951,6 +951,11 @@ MUTANTS: tuple[Mutant, ...] = (
            (("    elif pp_size > 1 and not torch.equal(", "    elif False and not torch.equal("),),
            ("tests/unit/models/megatron/test_conversion.py::"
             "test_a_tied_output_layer_that_drifted_from_the_embedding_is_refused",), klass="megatron"),
+    Mutant("context_parallel_accepted", "policy.megatron.context_parallel_size=2 is accepted and ignored: the "
+           "run trains on one GPU per rank while the user believes the sequence is split",
+           "posttrain/config.py", (("        if self.context_parallel_size != 1:", "        if False:"),),
+           ("tests/unit/models/megatron/test_backend_checks.py::"
+            "test_megatron_layouts_not_built_yet_are_refused_in_one_line",), klass="config"),
     # issue 33, the engine in place (models/generation/megatron/in_place.py)
     Mutant("in_place_engine_serves_unpublished_weights", "the in-place megatron engine generates between a train step "
            "and its refit: completions of weights no probe checked, labelled with the previous version",

@@ -5,6 +5,7 @@ point and the Megatron functional scripts."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,28 @@ def test_the_backend_is_hf_unless_asked_and_names_are_strict() -> None:
         PolicyConfig.model_validate({"backend": "mcore"})
     with pytest.raises(ValueError, match="precision"):
         PolicyConfig.model_validate({"megatron": {"precision": "fp16"}})
+
+
+@pytest.mark.parametrize(("megatron_keys", "message"), [
+    ({"context_parallel_size": 2}, "context_parallel_size=2 is not supported: the Megatron policy splits no "
+                                   "sequence over GPUs yet (use 1)"),
+    ({"sequence_parallel": True}, "sequence_parallel=true needs tensor_model_parallel_size > 1 (it splits the "
+                                  "sequence over the tensor-parallel ranks), got 1"),
+    ({"sequence_parallel": True, "tensor_model_parallel_size": 2}, "sequence_parallel=true is not supported yet"),
+])
+def test_megatron_layouts_not_built_yet_are_refused_in_one_line(megatron_keys, message) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        PolicyConfig.model_validate({"backend": "megatron", "megatron": megatron_keys})
+    PolicyConfig.model_validate({"backend": "megatron", "megatron": {"context_parallel_size": 1,
+                                                                     "sequence_parallel": False}})
+
+
+def test_the_entry_point_refuses_context_parallelism_in_one_line(tmp_path) -> None:
+    result = run(sys.executable, "examples/run_grpo.py", "policy.backend=megatron",
+                 "policy.megatron.context_parallel_size=2", f"logger.log_dir={tmp_path}", CUDA_VISIBLE_DEVICES="")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "context_parallel_size=2 is not supported" in lines[0], lines
 
 
 def test_megatron_pipeline_parallelism_is_refused() -> None:
