@@ -136,7 +136,7 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     if backend:
         check_engine_placement(backend, cluster.gpus_per_worker)
     if in_place:
-        check_in_place(policy.backend, policy.megatron.tensor_model_parallel_size, generation.num_workers)
+        check_in_place(policy.megatron.tensor_model_parallel_size, generation.num_workers)
     transport = current_transport()  # Ray, unless the caller chose another (distributed/transport.py)
     transport.start(cluster.address, cluster.num_cpus, cluster.num_gpus)
     policy_workers = num_policy_workers(worker_cfg)
@@ -169,9 +169,10 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
              if generation.refit_probe.num_sequences and gen is not None else None)
     engine = "no generation engine"
     if backend:
-        colocated = " (colocated)" if bundles == policy_workers else ""  # the engines hold no bundle of their own
-        colocated = " (in place: the policy's own weights)" if in_place else colocated
-        engine = f"{generation.num_workers} x {backend} engine{colocated}"
+        where = (" (in place: the policy's own weights)" if in_place
+                 else " (colocated)" if bundles == policy_workers  # the engines hold no bundle of their own
+                 else "")
+        engine = f"{generation.num_workers} x {backend} engine{where}"
     print(f"runtime: {describe_policy(policy, pol)} policy, {engine}, on {cluster.device}", flush=True)
     return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer), probe)
 

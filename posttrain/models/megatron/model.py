@@ -145,6 +145,15 @@ def build_optimizer(model: Any, cfg: PolicyConfig, precision: Precision) -> Any:
     return get_megatron_optimizer(config, [model])
 
 
+def right_padded_logits(model: torch.nn.Module, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[B, S, V]`` logits of right-padded rows ``input_ids`` (``[B, S]`` int64), cut to the true
+    vocabulary ``V`` (megatron pads it). No attention mask: with the padding right of every real
+    token, the causal mask alone gives each real token the context HF's padding mask gives it;
+    logits at padding positions are never read."""
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    return model(input_ids, positions, None)[..., :vocab_size]
+
+
 def unwrap(model: Any) -> Any:
     """The ``GPTModel`` inside DDP / ``Float16Module`` wrappers."""
     while hasattr(model, "module"):

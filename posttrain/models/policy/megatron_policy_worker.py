@@ -90,12 +90,9 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase, InPlaceEngineMixin):
     # -- the backend hooks of PolicyWorkerBase ------------------------------------------------
 
     def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
-        # Right-padded rows: the causal mask alone gives every real token the same context
-        # as HF's padding mask does; logits at padding positions are never read.
-        seq_len = batch.input_ids.shape[1]
-        positions = torch.arange(seq_len, device=batch.input_ids.device).expand_as(batch.input_ids)
-        logits = model(batch.input_ids, positions, None)  # [B, S, V_padded]
-        return logits[..., : self.shape.vocab_size]
+        from posttrain.models.megatron.model import right_padded_logits
+
+        return right_padded_logits(model, batch.input_ids, self.shape.vocab_size)
 
     def _zero_grad(self) -> None:
         self.model.zero_grad_buffer()

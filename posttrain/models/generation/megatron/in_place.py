@@ -42,12 +42,10 @@ WHO = "megatron engine (in place)"
 IN_PLACE = "in_place"
 
 
-def check_in_place(policy_backend: str, tensor_parallel_size: int, num_engines: int = 1,
-                   asynchronous: bool = False) -> None:
-    """Refuse an in-place engine this code does not serve.
+def check_in_place(tensor_parallel_size: int, num_engines: int = 1, asynchronous: bool = False) -> None:
+    """Refuse an in-place engine (``backends.serves_in_place``) this code does not serve.
 
     Args:
-        policy_backend: ``policy.backend`` (the engine reads a Megatron policy's model).
         tensor_parallel_size: ``policy.megatron.tensor_model_parallel_size``.
         num_engines: ``generation.num_workers`` (in place there is one: the policy's workers).
         asynchronous: the asynchronous GRPO loop asks.
@@ -56,9 +54,6 @@ def check_in_place(policy_backend: str, tensor_parallel_size: int, num_engines: 
         ConfigError: one line naming the setting and what to set instead.
     """
     fix = "set generation.colocated=false for a megatron engine of its own"
-    if policy_backend != "megatron":
-        raise ConfigError(f"generation.backend=megatron with generation.colocated=true reads the policy's own "
-                          f"Megatron model, but policy.backend={policy_backend}: {fix}")
     if tensor_parallel_size != 1:
         raise ConfigError(f"generation.backend=megatron in place (generation.colocated=true) serves "
                           f"policy.megatron.tensor_model_parallel_size=1 only, got {tensor_parallel_size}: {fix}")

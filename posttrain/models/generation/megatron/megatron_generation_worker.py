@@ -77,11 +77,11 @@ class MegatronGenerationWorkerImpl(EngineWorker):
         """Teacher-forced logprobs of ``completions`` at ``temperature`` (see ``Generation.score``):
         one prefill of each whole sequence, as the trainer scores it."""
 
-        def forward(batch):  # right padding: the causal mask alone gives each real token its context
-            positions = torch.arange(batch.input_ids.shape[1], device=self.device).expand_as(batch.input_ids)
-            return self.model(batch.input_ids, positions, None)[..., : self.shape.vocab_size]  # [B, S, V]
+        from posttrain.models.megatron.model import right_padded_logits
 
-        return teacher_forced_logprobs(forward, prompts, completions, temperature, self.eos_id, self.device)
+        return teacher_forced_logprobs(lambda batch: right_padded_logits(self.model, batch.input_ids,
+                                                                         self.shape.vocab_size),
+                                       prompts, completions, temperature, self.eos_id, self.device)
 
     def gpu_uuid(self) -> str | None:
         return gpu_uuid(self.device)

@@ -171,10 +171,9 @@ def test_a_colocated_megatron_engine_over_a_megatron_policy_takes_no_bundle_of_i
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("hf", 1), "policy.backend=hf"),
-    (("megatron", 2), "tensor_model_parallel_size=1 only, got 2"),
-    (("megatron", 1, 2), "generation.num_workers=2"),
-    (("megatron", 1, 1, True), "async GRPO generates while it trains"),
+    ((2,), "tensor_model_parallel_size=1 only, got 2"),
+    ((1, 2), "generation.num_workers=2"),
+    ((1, 1, True), "async GRPO generates while it trains"),
 ])
 def test_an_in_place_engine_this_code_does_not_serve_is_refused_in_one_line(args, message) -> None:
     from posttrain.models.generation.megatron.in_place import check_in_place
@@ -182,7 +181,7 @@ def test_an_in_place_engine_this_code_does_not_serve_is_refused_in_one_line(args
     with pytest.raises(ConfigError, match=message) as err:
         check_in_place(*args)
     assert "\n" not in str(err.value) and "generation.colocated=false" in str(err.value)
-    check_in_place("megatron", 1, 1)  # what it serves passes
+    check_in_place(1, 1)  # what it serves passes
 
 
 def test_async_grpo_with_an_in_place_megatron_engine_is_refused_before_ray_starts(tmp_path) -> None:
