@@ -142,6 +142,23 @@ class RayVirtualCluster:
         if not ready:
             remove_placement_group(self.placement_group)
             raise ConfigError(f"placement group {[self.bundle] * num_bundles} not ready after {timeout_s:g} s")
+        # Each bundle's GPUs, as CUDA_VISIBLE_DEVICES names them: asked now, while nothing holds
+        # them (a task reserving a bundle's GPUs waits for the actor that holds them).
+        self.gpu_ids: list[str] | None = None
+        if num_gpus:
+            self.gpu_ids = ray.get([_gpu_ids.options(num_cpus=0, num_gpus=num_gpus, scheduling_strategy=self._on(i))
+                                    .remote() for i in range(num_bundles)])
+
+    def _on(self, bundle_index: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=bundle_index)
+
+    def visible_devices(self, bundle_index: int) -> str | None:
+        """``CUDA_VISIBLE_DEVICES`` for a worker on bundle ``bundle_index`` that reserves nothing
+        (a colocated engine): the bundle's own GPUs, those its reserving worker sees. None for a
+        bundle without GPUs. Ray sets the variable only for workers that reserve GPUs; one that
+        reserves none would see every GPU of the node and take the first as ``cuda:0``, which is
+        another GPU than the policy's wherever its bundle is not GPU 0."""
+        return None if self.gpu_ids is None else self.gpu_ids[bundle_index]
 
     def shutdown(self) -> None:
         """Release the reservation (actors placed on it must be killed first)."""
@@ -150,8 +167,7 @@ class RayVirtualCluster:
     def rendezvous_address(self, bundle_index: int = 0) -> str:
         """``tcp://<ip>:<port>`` on the node of bundle ``bundle_index``, with a port free there
         now: where the ranks of a ``torch.distributed`` group placed from that bundle meet."""
-        strategy = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=bundle_index)
-        return ray.get(_free_address.options(scheduling_strategy=strategy).remote())
+        return ray.get(_free_address.options(scheduling_strategy=self._on(bundle_index)).remote())
 
 
 def free_port(host: str = "") -> int:
@@ -164,3 +180,8 @@ def free_port(host: str = "") -> int:
 @ray.remote(num_cpus=0)
 def _free_address() -> str:
     return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
+
+
+@ray.remote(num_cpus=0)
+def _gpu_ids() -> str:
+    return ",".join(ray.get_runtime_context().get_accelerator_ids()["GPU"])

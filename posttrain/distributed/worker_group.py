@@ -101,6 +101,13 @@ class RayActor:
         ray.kill(self.handle)
 
 
+def _shared_bundle_env(cluster: RayVirtualCluster, bundle_index: int) -> dict[str, Any]:
+    """Actor options for a worker that reserves nothing on ``bundle_index``: the bundle's GPUs
+    made visible to it (Ray does so only for workers that reserve GPUs)."""
+    devices = getattr(cluster, "visible_devices", lambda _: None)(bundle_index)
+    return {} if devices is None else {"runtime_env": {"env_vars": {"CUDA_VISIBLE_DEVICES": devices}}}
+
+
 class RayWorkerGroup:
     """One actor per bundle index; calls fan out to all workers and gather in order.
 
@@ -111,7 +118,8 @@ class RayWorkerGroup:
             repeat when the workers do not reserve).
         reserve: each worker reserves its bundle's CPUs and GPUs (True), or nothing (False:
             it shares the bundle with the workers that do, e.g. a colocated engine with the
-            policy, which never runs at the same time in the synchronous loop).
+            policy, which never runs at the same time in the synchronous loop; it sees the
+            bundle's GPUs, ``cluster.visible_devices``, as the reserving worker does).
         *args, **kwargs: constructor arguments, the same for every worker; the worker's
             rank in the group is passed as the keyword ``rank``.
     """
@@ -127,6 +135,7 @@ class RayWorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     cluster.placement_group, placement_group_bundle_index=i
                 ),
+                **({} if reserve else _shared_bundle_env(cluster, i)),
             ).remote(*args, rank=rank, **kwargs)
             for rank, i in enumerate(indices)
         ]

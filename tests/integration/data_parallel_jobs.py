@@ -23,6 +23,13 @@ UNEVEN = ["policy.train_global_batch_size=3", "policy.train_micro_batch_size=1",
 EQUAL = ("train/reward_mean", "train/completion_length", "train/fraction_groups_kept", "train/num_optimizer_steps")
 RELATIVE = {"train/grad_norm": 1e-5, "train/entropy": 1e-5, "train/kl": 1e-5}
 LOSS_ABS, WEIGHTS_REL = 1e-6, 2e-3
+# One optimizer step, judged whole: (recording overrides, batch overrides). "idle micro-batches":
+# 3 prompts x 7 = 21 rows split 10 / 11, 2 rows a micro-batch: rank 0 runs 5 and one idle.
+ONE_STEP = {
+    "even": ([], ["policy.train_global_batch_size=32", "policy.train_micro_batch_size=8"]),
+    "idle micro-batches": (["grpo.num_prompts_per_step=3", "grpo.completions_per_prompt=7"],
+                           ["policy.train_global_batch_size=22", "policy.train_micro_batch_size=2"]),
+}
 
 
 def replay(model_path: str, rollouts: Path, out: Path, *overrides: str) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -33,6 +40,29 @@ def replay(model_path: str, rollouts: Path, out: Path, *overrides: str) -> tuple
                                   f"logger.log_dir={out / 'log'}", f"checkpoint.save_path={out / 'final'}", *overrides],
                       grpo.GRPOMasterConfig)
     return grpo.train(cfg), load_file(str(out / "final" / "model.safetensors"))
+
+
+def assert_same_step(one: dict, w_one: dict, two: dict, w_two: dict, model_path: str) -> None:
+    """Step 1 of replay ``two`` is replay ``one``'s: the batch's counts equal, grad norm, entropy and
+    KL within ``RELATIVE``, the loss within ``LOSS_ABS``, the engine/trainer agreement to 1e-5
+    relative, and the weights after the step within ``WEIGHTS_REL`` of the step's own update."""
+    from safetensors.torch import load_file
+
+    ref = {k: v["1"] for k, v in one.items() if "1" in v}
+    got = {k: v["1"] for k, v in two.items() if "1" in v}
+    assert ref["train/grad_norm"] > 0 and abs(ref["train/loss"]) > 1e-3 and ref["train/num_optimizer_steps"] == 1
+    for key in EQUAL:
+        assert got[key] == ref[key], key
+    for key, bound in RELATIVE.items():
+        assert abs(got[key] - ref[key]) <= bound * abs(ref[key]), (key, got[key], ref[key])
+    assert abs(got["train/loss"] - ref["train/loss"]) <= LOSS_ABS, (got["train/loss"], ref["train/loss"])
+    error, got_error = ref["train/token_mult_prob_error"], got["train/token_mult_prob_error"]
+    assert abs(got_error - error) <= 1e-5 * abs(error), (got_error, error)
+    before = load_file(str(Path(model_path) / "model.safetensors"))
+    shared = [k for k in w_one if k in before]
+    update = distance({k: w_one[k] for k in shared}, {k: before[k] for k in shared})
+    assert w_two.keys() == w_one.keys() and update > 0
+    assert distance(w_two, w_one) <= WEIGHTS_REL * update, distance(w_two, w_one) / update
 
 
 def distance(a: dict, b: dict) -> float:

@@ -29,42 +29,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from data_parallel_jobs import EQUAL, JOB, LOSS_ABS, RELATIVE, UNEVEN, WEIGHTS_REL, distance, replay
+from data_parallel_jobs import EQUAL, JOB, ONE_STEP, UNEVEN, assert_same_step, replay
 from recorded_rollouts import record_varied_rollouts
-
-# One optimizer step, judged whole: (recording overrides, batch overrides). "idle micro-batches":
-# 3 prompts x 7 = 21 rows split 10 / 11, 2 rows a micro-batch: rank 0 runs 5 and one idle.
-ONE_STEP = {
-    "even": ([], ["policy.train_global_batch_size=32", "policy.train_micro_batch_size=8"]),
-    "idle micro-batches": (["grpo.num_prompts_per_step=3", "grpo.completions_per_prompt=7"],
-                           ["policy.train_global_batch_size=22", "policy.train_micro_batch_size=2"]),
-}
 
 
 @pytest.mark.parametrize("layout", sorted(ONE_STEP))
 def test_two_data_parallel_ranks_take_the_single_workers_step(ray_cluster, tiny_model_path, tmp_path: Path,
                                                               layout: str) -> None:
-    from safetensors.torch import load_file
-
     shape, batches = ONE_STEP[layout]
     rollouts = record_varied_rollouts(tmp_path / "rec", [f"model.path={tiny_model_path}", *JOB, *shape])
     one, w_one = replay(tiny_model_path, rollouts, tmp_path / "dp1", "grpo.num_steps=1", *shape, *batches)
     two, w_two = replay(tiny_model_path, rollouts, tmp_path / "dp2", "grpo.num_steps=1", *shape, *batches,
                         "policy.data_parallel_size=2")
-    ref = {k: v["1"] for k, v in one.items() if "1" in v}
-    got = {k: v["1"] for k, v in two.items() if "1" in v}
-    assert ref["train/grad_norm"] > 0 and abs(ref["train/loss"]) > 1e-3 and ref["train/num_optimizer_steps"] == 1
-    for key in EQUAL:
-        assert got[key] == ref[key], key
-    for key, bound in RELATIVE.items():
-        assert abs(got[key] - ref[key]) <= bound * abs(ref[key]), (key, got[key], ref[key])
-    assert abs(got["train/loss"] - ref["train/loss"]) <= LOSS_ABS, (got["train/loss"], ref["train/loss"])
-    assert got["train/token_mult_prob_error"] == pytest.approx(ref["train/token_mult_prob_error"], rel=1e-5)
-    before = load_file(str(Path(tiny_model_path) / "model.safetensors"))
-    shared = [k for k in w_one if k in before]
-    update = distance({k: w_one[k] for k in shared}, {k: before[k] for k in shared})
-    assert w_two.keys() == w_one.keys() and update > 0
-    assert distance(w_two, w_one) <= WEIGHTS_REL * update, distance(w_two, w_one) / update
+    assert_same_step(one, w_one, two, w_two, tiny_model_path)
 
 
 def test_a_call_of_several_optimizer_steps_scores_and_returns_the_old_logprobs_in_row_order(

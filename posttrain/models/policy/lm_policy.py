@@ -45,9 +45,15 @@ def check_backend(cfg: PolicyConfig, gpus_per_worker: float, gpus_found: int | N
 
     Raises:
         ConfigError: megatron without megatron-core, without a GPU on this machine, without
-            GPUs for its workers, or with tensor-parallel ranks that would share a GPU.
+            GPUs for its workers, or with tensor-parallel ranks that would share a GPU; data-
+            parallel ranks that would share a GPU (Ray packs bundles of a fraction of a GPU onto
+            one device, and NCCL refuses two ranks on one device).
     """
     if cfg.backend != "megatron":
+        dp = cfg.data_parallel_size
+        if dp > 1 and 0 < gpus_per_worker < 1:
+            raise ConfigError(f"policy.data_parallel_size={dp} needs a whole GPU per rank, "
+                              f"but cluster.gpus_per_worker={gpus_per_worker:g}")
         return
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
         raise ConfigError(MCORE_MISSING)

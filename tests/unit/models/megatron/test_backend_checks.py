@@ -65,6 +65,28 @@ def test_hf_needs_nothing() -> None:
     check_backend(PolicyConfig(), gpus_per_worker=0.0, gpus_found=0)
 
 
+@pytest.mark.parametrize("gpus_per_worker", [0.5, 0.25])
+def test_data_parallel_ranks_that_would_share_a_gpu_are_refused(gpus_per_worker) -> None:
+    """Ray packs bundles of a fraction of a GPU onto one device (two 0.5-GPU bundles on a 2-GPU
+    node both got GPU 0), where NCCL refuses the second rank: refused before Ray starts."""
+    dp2 = PolicyConfig(data_parallel_size=2)
+    with pytest.raises(ConfigError, match=rf"^policy.data_parallel_size=2 needs a whole GPU per rank, "
+                                          rf"but cluster.gpus_per_worker={gpus_per_worker:g}$"):
+        check_backend(dp2, gpus_per_worker=gpus_per_worker, gpus_found=2)
+    check_backend(dp2, gpus_per_worker=1.0, gpus_found=2)  # a GPU each
+    check_backend(dp2, gpus_per_worker=0.0, gpus_found=0)  # CPU ranks
+    check_backend(PolicyConfig(), gpus_per_worker=0.5, gpus_found=1)  # one rank may take half a GPU
+
+
+def test_the_entry_point_refuses_data_parallel_ranks_on_half_a_gpu_in_one_line(tmp_path) -> None:
+    result = run(sys.executable, "examples/run_grpo.py", "policy.data_parallel_size=2", "cluster.gpus_per_worker=0.5",
+                 f"logger.log_dir={tmp_path}", POSTTRAIN_VERBOSE="1")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines == ["error: policy.data_parallel_size=2 needs a whole GPU per rank, but cluster.gpus_per_worker=0.5"]
+    assert "Started a local Ray instance" not in result.stdout + result.stderr  # refused before Ray
+
+
 def test_megatron_without_megatron_core_names_the_extra(monkeypatch) -> None:
     monkeypatch.setattr(lm_policy.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"megatron-core is not installed: run with `uv run --extra mcore"):
@@ -136,6 +158,13 @@ def test_the_megatron_functional_scripts_exit_2_without_a_gpu(script, tmp_path) 
     assert result.returncode == 2
     assert result.stderr.strip() == f"{script}: needs 1 GPU, found 0"
     assert set((ROOT / "tests" / "functional").iterdir()) == before  # nothing run, nothing written
+
+
+def test_grpo_megatron_at_tensor_parallel_2_asks_for_2_gpus() -> None:
+    """Each tensor-parallel rank takes a whole GPU: TP=2 on one GPU exits 2 before anything runs."""
+    result = run("bash", "tests/functional/grpo_megatron.sh", "policy.megatron.tensor_model_parallel_size=2",
+                 POSTTRAIN_NUM_GPUS="1")
+    assert (result.returncode, result.stderr.strip()) == (2, "grpo_megatron.sh: needs 2 GPUs, found 1")
 
 
 def test_the_megatron_engine_row_names_a_worker_that_imports_without_megatron_core_and_refuses_a_cpu(

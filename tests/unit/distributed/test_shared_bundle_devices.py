@@ -1,0 +1,42 @@
+"""A worker that shares a bundle without reserving it (a colocated engine) runs on the bundle's
+GPU, the one the reserving worker (the policy) runs on: Ray names GPUs only to workers that
+reserve them, so without ``RayVirtualCluster.visible_devices`` such a worker sees every GPU and
+takes GPU 0 whatever the bundle holds (seen on a 2-GPU host: a blocker on GPU 0, the policy on
+GPU 1, the engine on GPU 0). Each check runs ``shared_bundle_devices.py`` in a Ray instance of its
+own: with two logical GPUs on any machine, and with the real ones where two are present."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).with_name("shared_bundle_devices.py")
+
+
+def devices_seen(*flags: str) -> dict:
+    env = {**os.environ, "RAY_ADDRESS": "", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    out = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True, timeout=240,
+                         env=env, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_worker_that_reserves_nothing_sees_its_bundles_gpu_logical_gpus() -> None:
+    seen = devices_seen("--fake")
+    for gpus in ("1.0", "0.5"):
+        assert seen[gpus]["owner"][0] == "1", seen  # the blocker holds GPU 0
+        assert seen[gpus]["guest"] == seen[gpus]["owner"], (gpus, seen)
+
+
+@pytest.mark.gpu(2)
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason=f"needs 2 GPUs, found {torch.cuda.device_count()}")
+def test_a_worker_that_reserves_nothing_runs_on_its_bundles_gpu() -> None:
+    seen = devices_seen()
+    for gpus in ("1.0", "0.5"):
+        owner, guest = seen[gpus]["owner"], seen[gpus]["guest"]
+        assert owner[1] is not None and guest[1] == owner[1], (gpus, seen)  # the same device, by UUID
