@@ -451,6 +451,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/distributed/ray_cluster.py",
            (("            if STARTUP_TIMEOUT not in str(exc):", "            if True:"),),
            ("tests/unit/distributed/test_init_ray_retries.py",), klass="config"),
+    # --- issue 38: two GPUs ------------------------------------------------------------------------
+    Mutant("colocated_engine_sees_every_gpu", "a worker that shares a bundle without reserving it (a colocated "
+           "engine) sees every GPU of the node and runs on GPU 0, not on the policy's GPU",
+           "posttrain/distributed/worker_group.py",
+           (("                **({} if reserve else _shared_bundle_env(cluster, i)),\n", ""),),
+           ("tests/unit/distributed/test_shared_bundle_devices.py",), klass="config"),
+    Mutant("data_parallel_ranks_share_a_gpu", "policy.data_parallel_size=2 on half a GPU each is accepted: Ray packs "
+           "both ranks onto one device, where NCCL refuses the second",
+           "posttrain/models/policy/lm_policy.py",
+           (("        if dp > 1 and 0 < gpus_per_worker < 1:", "        if False:"),),
+           ("tests/unit/models/megatron/test_backend_checks.py",), klass="config"),
     # --- issue 17: asynchronous GRPO -------------------------------------------------------------
     Mutant("filter_keeps_stale_samples", "the staleness filter keeps samples older than max_staleness",
            "posttrain/rollouts/filters.py",
