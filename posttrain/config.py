@@ -251,7 +251,8 @@ class GenerationConfig(Section):
     colocated: bool = Field(
         True, description="vLLM engines share the policy's bundle (True) or take bundles of their own; "
         "a megatron engine with a Megatron policy is the policy's own workers (True: in place, no weight copy) "
-        "or takes a bundle of its own; hf workers, and a megatron engine with an hf policy, always take their own"
+        "or takes a bundle of its own; hf workers share it on GPUs only (on CPUs their bundle's CPUs are "
+        "their threads), and a megatron engine with an hf policy always takes its own"
     )
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)

@@ -140,7 +140,8 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     transport = current_transport()  # Ray, unless the caller chose another (distributed/transport.py)
     transport.start(cluster.address, cluster.num_cpus, cluster.num_gpus)
     policy_workers = num_policy_workers(worker_cfg)
-    bundles = num_bundles(generation, backend, policy_workers, policy.backend) if backend else policy_workers
+    bundles = (num_bundles(generation, backend, policy_workers, policy.backend, cluster.gpus_per_worker) if backend
+               else policy_workers)
     vc = transport.cluster(bundles, cluster.cpus_per_worker, cluster.gpus_per_worker)
     gen: Generation | None = None
     try:

@@ -116,11 +116,13 @@ check_run() {
 # array GRPO_EXTRA_RULES are checked with the others (grpo_async.sh's), and PROBS_RATIO_MIN /
 # PROBS_RATIO_MAX / CLIP_FRACTION_MEAN (default 0.5 / 2 / 0.05) bound the median probability
 # ratios and the mean clip fraction (an off-policy run's ratios spread wider). Overrides go to
-# run_grpo.py.
+# run_grpo.py. The run is full fp32 without TF32 on every device (what a CPU resolves to anyway):
+# the probe rules are fp32's, and on GPUs the default (bf16-mixed) is not: grpo_non_colocated.sh
+# with cluster.gpus_per_worker=1 logged a probe error of 0.129 there (2 x H200) and failed them.
 grpo_functional() {
   local name=$1; shift
   local seed=${SEED:-0} config=examples/configs/grpo_arithmetic.yaml
-  local overrides=(generation.backend="${BACKEND:-vllm}" "$@")
+  local overrides=(generation.backend="${BACKEND:-vllm}" policy.precision=fp32 policy.tf32=false "$@")
   validate examples/run_grpo.py --config "$config" "${overrides[@]}"
   functional_setup "$name"
   # The step the run must reach (grpo.num_steps after the overrides): a run that ends early fails.

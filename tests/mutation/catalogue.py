@@ -808,9 +808,16 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/unit/models/generation/test_refit_probe.py::test_auto_picks_vllm_only_when_importable",),
            klass="config"),
     Mutant("colocation_ignores_the_row", "every backend's engines share the policy's bundle when colocated, the hf "
-           "engine's too (it cannot: it would hold a second model in the policy's reservation)",
+           "engine's on CPUs too (its threads would run on CPUs its bundle never reserved for it)",
            "posttrain/models/generation/backends.py",
-           (("    colocated = cfg.colocated and BACKENDS[backend].colocates", "    colocated = cfg.colocated"),),
+           (("    return cfg.colocated and (colocates is True or (colocates == \"gpu\" and gpus_per_worker > 0))",
+             "    return cfg.colocated"),),
+           ("tests/unit/models/generation/test_refit_probe.py::test_bundles_colocated_share_the_policy_bundle",),
+           klass="config"),
+    Mutant("hf_engine_never_colocates_on_gpus", "the hf engine takes a GPU of its own even when colocated on GPUs: "
+           "a TP=2 or DP=2 policy with an hf engine needs 3 GPUs where 2 would do",
+           "posttrain/models/generation/backends.py",
+           (("(colocates == \"gpu\" and gpus_per_worker > 0)", "(colocates == \"gpu\" and gpus_per_worker < 0)"),),
            ("tests/unit/models/generation/test_refit_probe.py::test_bundles_colocated_share_the_policy_bundle",),
            klass="config"),
     Mutant("toolkit_imports_the_library", "a toolkit module imports a library module: posttrain-testing, installed "

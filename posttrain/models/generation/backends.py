@@ -17,7 +17,7 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from posttrain.config import ClusterConfig, GenerationConfig, GenerationWorkerConfig, Precision
 from posttrain.distributed.transport import Cluster
@@ -38,7 +38,9 @@ class EngineBackend:
         requires: a module that must be importable for the backend to run (None: none).
         install_hint: what to run when ``requires`` is missing (the uv extra).
         colocates: with ``generation.colocated`` its engines share the policy's bundle (they
-            reserve nothing); otherwise each engine takes a bundle of its own.
+            reserve nothing); otherwise each engine takes a bundle of its own. ``"gpu"``: only
+            where the engines run on GPUs (``cluster.gpus_per_worker`` > 0); on CPUs each engine
+            keeps a bundle of its own, whose CPUs are its threads.
         auto_order: ``auto`` picks the importable backend of the lowest order (None: never).
         needs_gpu: its engines run on CUDA only (:func:`check_engine_placement` refuses a run
             without GPUs before Ray starts).
@@ -52,7 +54,7 @@ class EngineBackend:
     who: str
     requires: str | None = None
     install_hint: str = ""
-    colocates: bool = False
+    colocates: bool | Literal["gpu"] = False
     auto_order: int | None = None
     needs_gpu: bool = False
     in_place: str | None = None
@@ -137,12 +139,18 @@ def serves_in_place(cfg: GenerationConfig, backend: str, policy_backend: str) ->
     return cfg.colocated and row is not None and row.in_place is not None and policy_backend == backend
 
 
-def num_bundles(cfg: GenerationConfig, backend: str, policy_workers: int = 1, policy_backend: str = "hf") -> int:
+def engines_colocate(cfg: GenerationConfig, backend: str, gpus_per_worker: float) -> bool:
+    """Whether ``backend``'s engines share the policy's bundle 0: ``generation.colocated`` and a
+    row that ``colocates`` (a ``"gpu"`` row only with ``cluster.gpus_per_worker`` > 0)."""
+    colocates = BACKENDS[backend].colocates
+    return cfg.colocated and (colocates is True or (colocates == "gpu" and gpus_per_worker > 0))
+
+
+def num_bundles(cfg: GenerationConfig, backend: str, policy_workers: int = 1, policy_backend: str = "hf",
+                gpus_per_worker: float = 0.0) -> int:
     """Bundles of the virtual cluster: the policy's (one per policy worker), plus one per
-    engine unless colocated (``generation.colocated`` and a backend that ``colocates``) or in
-    place (:func:`serves_in_place`)."""
-    colocated = cfg.colocated and BACKENDS[backend].colocates
-    if colocated or serves_in_place(cfg, backend, policy_backend):
+    engine unless colocated (:func:`engines_colocate`) or in place (:func:`serves_in_place`)."""
+    if engines_colocate(cfg, backend, gpus_per_worker) or serves_in_place(cfg, backend, policy_backend):
         return policy_workers
     return policy_workers + cfg.num_workers
 
@@ -166,7 +174,7 @@ def create_generation(cfg: GenerationConfig, cluster_cfg: ClusterConfig, cluster
     """
     row = BACKENDS[backend]
     worker_cfg = GenerationWorkerConfig.of(cfg, cluster_cfg, seed, precision, tf32)
-    if cfg.colocated and row.colocates:
+    if engines_colocate(cfg, backend, cluster_cfg.gpus_per_worker):
         return EngineGroup(cluster, row.worker_class(), model_path, worker_cfg, [0] * cfg.num_workers,
                            reserve=False, who=row.who)
     bundles = list(range(policy_workers, policy_workers + cfg.num_workers))
@@ -181,7 +189,7 @@ register_backend(EngineBackend(
     colocates=True, auto_order=0))
 register_backend(EngineBackend(
     name="hf", worker="posttrain.models.generation.hf_generation_worker:HfGenerationWorker",
-    who="generation workers", auto_order=1))
+    who="generation workers", colocates="gpu", auto_order=1))
 register_backend(EngineBackend(
     name="megatron", worker="posttrain.models.generation.megatron.megatron_generation_worker:MegatronGenerationWorker",
     who="megatron engines", requires="megatron.core",

@@ -36,7 +36,11 @@ def test_vllm_without_the_extra_names_the_extras():
 def test_bundles_colocated_share_the_policy_bundle():
     assert num_bundles(GenerationConfig(colocated=True, num_workers=2), "vllm") == 1
     assert num_bundles(GenerationConfig(colocated=False, num_workers=2), "vllm") == 3
-    assert num_bundles(GenerationConfig(colocated=True, num_workers=2), "hf") == 3  # hf: always own bundles
+    # hf on CPUs: bundles of their own (their CPUs are the engine's threads); on GPUs it shares
+    # the policy's (a TP=2 or DP=2 policy and its engine on 2 GPUs)
+    assert num_bundles(GenerationConfig(colocated=True, num_workers=2), "hf") == 3
+    assert num_bundles(GenerationConfig(colocated=True, num_workers=1), "hf", 2, gpus_per_worker=1.0) == 2
+    assert num_bundles(GenerationConfig(colocated=False, num_workers=1), "hf", 2, gpus_per_worker=1.0) == 3
 
 
 def test_probe_sequences_are_fixed_and_use_only_the_given_tokens():
