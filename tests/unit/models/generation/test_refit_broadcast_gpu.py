@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.gpu(2), pytest.mark.skipif(_GPUS < 2, reason=f"needs 2
 def test_a_refit_between_two_gpus_is_an_nccl_broadcast_and_the_engine_serves_the_new_weights(
         ray_cluster, tiny_model_path, precision) -> None:
     rt = setup_runtime(ModelConfig(path=tiny_model_path), PolicyConfig(lr=1e-2, precision=precision, tf32=False),
-                       GenerationConfig(backend="hf", refit_bucket_mb=1), ClusterConfig(gpus_per_worker=1), seed=0)
+                       GenerationConfig(backend="hf", colocated=False, refit_bucket_mb=1),  # a GPU each
+                       ClusterConfig(gpus_per_worker=1), seed=0)
     try:
         assert refit_transport(rt.policy, rt.generation) == "broadcast"
         bound = PROBE_BOUNDS[precision]
