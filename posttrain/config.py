@@ -147,6 +147,10 @@ class PolicyConfig(Section):
     train_global_batch_size: int = Field(64, ge=1, description="rows per optimizer step")
     train_micro_batch_size: int = Field(64, ge=1, description="rows per forward/backward")
     logprob_batch_size: int = Field(128, ge=1)
+    logprob_chunk_tokens: int = Field(
+        0, ge=0, description="hf backend: score logprobs and entropy from the final hidden states and the output "
+        "layer this many completion tokens at a time (each chunk recomputed in the backward pass), so the [B, S, V] "
+        "logits never exist at once: the largest activation of a step at a large vocabulary; 0: the full logits")
     num_threads: int = Field(1, ge=1, description="torch CPU threads of the worker")
     data_parallel_size: int = Field(
         1, ge=1, description="hf backend: policy workers, each training on its share of every global batch (torch "
@@ -176,6 +180,18 @@ class PolicyConfig(Section):
         if self.compile and self.backend != "hf":
             raise ValueError(f"compile=true needs backend=hf (it compiles a transformers model), got "
                              f"backend={self.backend}")
+        return self
+
+    @model_validator(mode="after")
+    def _chunked_logprobs_on_plain_hf_only(self) -> PolicyConfig:
+        n = self.logprob_chunk_tokens
+        if n > 0:
+            other = ("backend=megatron (its logits come from megatron-core's output layer)" if self.backend != "hf"
+                     else "compile=true (the chunks bypass the compiled forward)" if self.compile
+                     else f"data_parallel_size={self.data_parallel_size} (FSDP2 gathers the output layer in the "
+                          "model's forward, which the chunks bypass)" if self.data_parallel_size > 1 else None)
+            if other:
+                raise ValueError(f"logprob_chunk_tokens={n} cannot be combined with {other}")
         return self
 
     @model_validator(mode="after")

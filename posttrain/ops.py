@@ -8,6 +8,7 @@ then padding (see ``posttrain.data.batch.make_batch``).
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 
 def completion_positions(prompt_lens: torch.Tensor, completion_len: int, seq_len: int) -> torch.Tensor:
@@ -33,7 +34,8 @@ def completion_logits(logits: torch.Tensor, prompt_lens: torch.Tensor, completio
     (at position ``prompt_lens[b] + j``) is scored by the logits at ``prompt_lens[b] + j - 1``.
 
     Args:
-        logits: ``[B, S, V]`` model output.
+        logits: ``[B, S, V]`` model output (or ``[B, S, H]`` final hidden states: any last
+            dimension; :func:`chunked_completion_logprobs` selects those).
         prompt_lens: ``[B]`` int64, each >= 1 (a completion needs a token to condition on).
         completion_len: L.
 
@@ -201,6 +203,59 @@ def compute_entropy(logits: torch.Tensor, prompt_lens: torch.Tensor, completion_
     """
     return _entropy(sampling_log_softmax(completion_logits(logits, prompt_lens, completion_len), temperature,
                                          top_k, top_p))
+
+
+def chunked_completion_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                                chunk_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                                with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`compute_logprobs` (and :func:`compute_entropy`) from the hidden states that predict
+    the completion tokens and the output layer, ``chunk_tokens`` tokens at a time, so that the
+    ``[B, L, V]`` logits never exist at once: forward and backward each hold one chunk's
+    ``[chunk_tokens, V]`` float32 logits (each chunk is recomputed in the backward pass,
+    ``torch.utils.checkpoint``: a second output-layer matmul for the memory of one chunk).
+
+    ``out[b, j] = log_softmax(hidden[b, j] @ weight.T / T)[targets[b, j]]`` under the sampling
+    distribution (:func:`sampling_log_softmax`); the same as :func:`compute_logprobs` on the
+    full logits up to the rounding of a matmul of another shape.
+
+    Args:
+        hidden: ``[B, L, H]`` the final hidden states at the positions that predict the
+            completion tokens (``completion_logits`` of the decoder's output), the model's dtype.
+        weight: ``[V, H]`` the output layer (a linear layer without bias or logit scaling).
+        targets: ``[B, L]`` int64 completion tokens.
+        chunk_tokens: tokens per chunk (> 0).
+        temperature, top_k, top_p: the sampling distribution, as :func:`compute_logprobs`.
+        with_entropy: also return the ``[B, L]`` entropies (no grad), as :func:`compute_entropy`.
+
+    Returns:
+        ``([B, L] float32 logprobs, [B, L] float32 entropies or None)``.
+
+    Raises:
+        ValueError: ``chunk_tokens`` < 1 or temperature <= 0.
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+
+    def chunk(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp = sampling_log_softmax(h @ w.T, temperature, top_k, top_p, t)  # [C, V] float32
+        with torch.no_grad():
+            entropy = _entropy(logp) if with_entropy else logp.new_zeros(len(t))
+        return logp.gather(-1, t[:, None]).squeeze(-1), entropy
+
+    logps, entropies = [], []
+    for start in range(0, flat_targets.numel(), chunk_tokens):
+        rows = slice(start, start + chunk_tokens)
+        logp, entropy = checkpoint(chunk, flat_hidden[rows], weight, flat_targets[rows], use_reentrant=False)
+        logps.append(logp)
+        entropies.append(entropy)
+    shape = targets.shape
+    logp = torch.cat(logps).reshape(shape) if logps else hidden.new_zeros(shape, dtype=torch.float32)
+    if not with_entropy:
+        return logp, None
+    return logp, torch.cat(entropies).reshape(shape) if entropies else torch.zeros_like(logp)
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -702,6 +702,9 @@ PROVEN_ELSEWHERE: dict[str, str] = {
     # to the worker unchanged (PolicyWorkerConfig.of), the worker test observes the compile
     "policy.compile": "tests/unit/models/policy/test_compile.py::"
                       "test_policy_compile_compiles_the_trained_models_forward",
+    # likewise: the worker test varies the key and compares both scorings (and the refusals)
+    "policy.logprob_chunk_tokens": "tests/unit/models/policy/test_logprob_chunks.py::"
+                                   "test_a_chunked_worker_scores_and_trains_as_the_full_logits_worker",
     "generation.refit_transport": BROADCAST + "test_refit_transport_object_store_sends_no_broadcast",
     "generation.refit_bucket_mb": BROADCAST + "test_a_cpu_refit_is_a_broadcast_in_buckets_and_every_engine_serves_"
                                               "the_new_weights",

@@ -462,6 +462,22 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/models/policy/lm_policy.py",
            (("        if dp > 1 and 0 < gpus_per_worker < 1:", "        if False:"),),
            ("tests/unit/models/megatron/test_backend_checks.py",), klass="config"),
+    # --- issue 35: chunked logprobs -----------------------------------------------------------------
+    Mutant("logprob_chunk_tokens_ignored", "policy.logprob_chunk_tokens is read by nobody: the worker builds the full "
+           "[B, S, V] logits anyway (the memory the key exists to save)",
+           "posttrain/models/policy/hf_policy_worker.py",
+           (("        chunk = self.cfg.logprob_chunk_tokens\n", "        chunk = 0\n"),),
+           ("tests/unit/models/policy/test_logprob_chunks.py",), klass="config"),
+    Mutant("logprob_chunk_scores_the_previous_token", "each chunk of the chunked logprobs scores every position "
+           "against the token before its own",
+           "posttrain/ops.py",
+           (("flat_hidden[rows], weight, flat_targets[rows],", "flat_hidden[rows], weight, flat_targets[rows].roll(1),"),),
+           ("tests/unit/test_chunked_logprobs.py",), klass="training"),
+    Mutant("logprob_chunks_ignore_the_temperature", "the chunked scoring takes logprobs at temperature 1 while the "
+           "engine samples at T",
+           "posttrain/models/policy/hf_policy_worker.py",
+           (("targets, chunk, self.cfg.temperature, top_k, top_p,", "targets, chunk, 1.0, top_k, top_p,"),),
+           ("tests/unit/models/policy/test_logprob_chunks.py",), klass="sampling"),
     # --- issue 17: asynchronous GRPO -------------------------------------------------------------
     Mutant("filter_keeps_stale_samples", "the staleness filter keeps samples older than max_staleness",
            "posttrain/rollouts/filters.py",

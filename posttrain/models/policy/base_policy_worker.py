@@ -81,6 +81,19 @@ class PolicyWorkerBase(WeightSender):
         """``[B, S, V]`` logits of ``batch`` (on ``self.device``), V the true vocabulary size."""
         raise NotImplementedError
 
+    def _completion_logprobs(self, model: torch.nn.Module, batch: TokenBatch, top_k: int, top_p: float,
+                             with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[B, L]`` float32 logprobs of ``batch``'s completion tokens under ``model``'s sampling
+        distribution (the run's temperature, ``top_k``, ``top_p``) and, ``with_entropy``, the
+        ``[B, L]`` entropies (no grad): from the full logits (:meth:`_forward_logits`). A backend
+        may score them without those (the HF worker's ``policy.logprob_chunk_tokens``)."""
+        logits = self._forward_logits(model, batch)
+        width, temperature = batch.completion_mask.shape[1], self.cfg.temperature
+        if with_entropy:
+            return compute_logprobs_and_entropy(logits, batch.input_ids, batch.prompt_lens, width, temperature, top_k,
+                                                top_p)
+        return compute_logprobs(logits, batch.input_ids, batch.prompt_lens, width, temperature, top_k, top_p), None
+
     def _zero_grad(self) -> None:
         """Clear accumulated gradients before a global batch."""
         raise NotImplementedError
@@ -118,9 +131,7 @@ class PolicyWorkerBase(WeightSender):
                 idle = c * size >= len(batch)
                 mb = (template if idle and template is not None else batch.select(slice(c * size, (c + 1) * size)))
                 mb = mb.to(self.device)
-                logits = self._forward_logits(model, mb)
-                logprobs = compute_logprobs(logits, mb.input_ids, mb.prompt_lens, mb.completion_mask.shape[1],
-                                            self.cfg.temperature, top_k, top_p)
+                logprobs, _ = self._completion_logprobs(model, mb, top_k, top_p)
                 if not idle:
                     chunks.append(logprobs.cpu())
             model.train(was_training)
@@ -229,10 +240,9 @@ class PolicyWorkerBase(WeightSender):
                     mrows = slice(m_start, min(m_start + mbs, g_end))
                     mb = batch.select(mrows)
                     mextra = {k: v[mrows] for k, v in extra.items()}
-                logits = self._forward_logits(self.model, mb)
-                width = mb.completion_mask.shape[1]
-                logprobs, entropy = compute_logprobs_and_entropy(logits, mb.input_ids, mb.prompt_lens, width,
-                                                                 self.cfg.temperature, self.cfg.top_k, self.cfg.top_p)
+                logprobs, entropy = self._completion_logprobs(self.model, mb, self.cfg.top_k, self.cfg.top_p,
+                                                              with_entropy=True)
+                assert entropy is not None
                 data = {"completion_mask": mb.completion_mask, **mextra}
                 if from_forward:
                     if not idle:

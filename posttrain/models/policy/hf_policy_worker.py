@@ -23,9 +23,27 @@ from posttrain.errors import ConfigError
 from posttrain.models.policy import lora
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 from posttrain.models.precision import use_tf32_for_fp32
+from posttrain.ops import chunked_completion_logprobs, completion_logits, completion_positions
 from posttrain.utils.checkpoint import atomic_dir
 from posttrain.weight_sync.transport import tensor_identity
 
+
+def check_plain_output_layer(model: torch.nn.Module) -> None:
+    """Refuse ``policy.logprob_chunk_tokens`` for a model whose logits are not ``hidden @ W.T``
+    (an output layer with a bias, or logit soft-capping / scaling in the model's forward), which
+    the chunked scoring (``ops.chunked_completion_logprobs``) would silently leave out.
+
+    Raises:
+        ConfigError: naming the model's class and what it has.
+    """
+    head = model.get_output_embeddings()  # type: ignore[operator]
+    extra = ("an output layer with a bias" if getattr(head, "bias", None) is not None
+             else next((f"config.{key}={getattr(model.config, key)}"
+                        for key in ("final_logit_softcapping", "logit_scale")
+                        if getattr(model.config, key, None) not in (None, 1.0)), None))
+    if head is None or extra:
+        raise ConfigError(f"policy.logprob_chunk_tokens needs logits = hidden @ W.T, but {type(model).__name__} has "
+                          f"{extra or 'no output layer'}")
 
 class HfPolicyWorkerImpl(PolicyWorkerBase):
     """Holds the trained model, a frozen reference copy (unless ``cfg.reference`` is false), and AdamW.
@@ -80,6 +98,8 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         self.param_dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
         # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.param_dtype).to(self.device)  # type: ignore[arg-type]
+        if cfg.logprob_chunk_tokens:
+            check_plain_output_layer(self.model)
         self.use_lora = cfg.lora.rank > 0
         if self.use_lora:
             self.model = lora.apply_lora(self.model, cfg.lora)
@@ -177,11 +197,29 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
             with super()._scoring_model(reference) as model:
                 yield model
 
-    def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+    def _autocast(self) -> contextlib.AbstractContextManager:
         # bf16-mixed: bf16 matmuls over the fp32 master weights (autocast casts per op).
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16-mixed")
-        with autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16-mixed")
+
+    def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+        with self._autocast():
             return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, S, V]
+
+    def _completion_logprobs(self, model: torch.nn.Module, batch: TokenBatch, top_k: int, top_p: float,
+                             with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        chunk = self.cfg.logprob_chunk_tokens
+        if not chunk:
+            return super()._completion_logprobs(model, batch, top_k, top_p, with_entropy)
+        # The decoder's final hidden states at the positions that predict the completion tokens,
+        # then the output layer a chunk of tokens at a time: the [B, S, V] logits never exist.
+        width, seq_len = batch.completion_mask.shape[1], batch.input_ids.shape[1]
+        targets = batch.input_ids.gather(1, completion_positions(batch.prompt_lens, width, seq_len))  # [B, L]
+        with self._autocast():
+            decoder = model.get_decoder()  # type: ignore[operator]
+            hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+            head = model.get_output_embeddings()  # type: ignore[operator]
+            return chunked_completion_logprobs(completion_logits(hidden, batch.prompt_lens, width), head.weight,
+                                               targets, chunk, self.cfg.temperature, top_k, top_p, with_entropy)
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
