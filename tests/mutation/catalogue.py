@@ -119,7 +119,8 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{LEARNING}::test_rollouts_come_in_contiguous_groups_of_one_prompt",)),
     Mutant("prompt_lens_off_by_one", "the train step scores tokens one position late (prompt_lens + 1)",
            "posttrain/models/policy/base_policy_worker.py",
-           (("mb.input_ids, mb.prompt_lens, width", "mb.input_ids, mb.prompt_lens + 1, width"),),
+           (("compute_logprobs_and_entropy(logits, batch.input_ids, batch.prompt_lens, width",
+             "compute_logprobs_and_entropy(logits, batch.input_ids, batch.prompt_lens + 1, width"),),
            (f"{LEARNING}::test_first_update_reads_the_loss_and_ratio_at_one",)),
     Mutant("loss_mask_includes_padding", "the policy-gradient loss is summed over padding tokens too",
            "posttrain/models/policy/base_policy_worker.py",
@@ -471,7 +472,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("logprob_chunk_scores_the_previous_token", "each chunk of the chunked logprobs scores every position "
            "against the token before its own",
            "posttrain/ops.py",
-           (("flat_hidden[rows], weight, flat_targets[rows],", "flat_hidden[rows], weight, flat_targets[rows].roll(1),"),),
+           (("flat_hidden[rows], weight, flat_targets[rows],",
+             "flat_hidden[rows], weight, flat_targets[rows].roll(1),"),),
            ("tests/unit/test_chunked_logprobs.py",), klass="training"),
     Mutant("logprob_chunks_ignore_the_temperature", "the chunked scoring takes logprobs at temperature 1 while the "
            "engine samples at T",
@@ -892,9 +894,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("fused_entropy_untruncated", "the train step's entropy (the fused op) is of the whole tempered vocabulary, "
            "not of the top-k / top-p distribution that sampled (compute_entropy stays right)",
            "posttrain/ops.py",
-           (("        entropy = _entropy(logp)",
+           (("        entropy = _entropy(logp)\n    return logp.gather",
              "        entropy = _entropy(torch.log_softmax(completion_logits(logits, prompt_lens, completion_len)"
-             ".float() / temperature, -1))"),),
+             ".float() / temperature, -1))\n    return logp.gather"),),
            ("tests/unit/test_ops.py::test_logprobs_of_the_sampling_distribution_equal_the_hand_computation",),
            klass="same-bug-elsewhere"),
     Mutant("standalone_entropy_untempered", "compute_entropy drops the temperature (the fused op stays right)",
