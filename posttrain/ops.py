@@ -7,8 +7,10 @@ then padding (see ``posttrain.data.batch.make_batch``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import torch
-from torch.utils.checkpoint import checkpoint
 
 
 def completion_positions(prompt_lens: torch.Tensor, completion_len: int, seq_len: int) -> torch.Tensor:
@@ -205,27 +207,89 @@ def compute_entropy(logits: torch.Tensor, prompt_lens: torch.Tensor, completion_
                                          top_k, top_p))
 
 
+class _ChunkedLogprobs(torch.autograd.Function):
+    """The chunked logprobs with a backward pass of its own: each chunk's logits are recomputed,
+    the gradient ``d logp / d logits = onehot(target) - softmax`` (over the kept tokens; 0 for
+    the dropped ones) is formed for that chunk only, and the output layer's gradient is added
+    into one ``[V, H]`` buffer in place (``addmm_``): autograd's per-chunk gradients would hold
+    a ``[V, H]`` temporary per chunk, as large as the logits at a large vocabulary."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int,
+                temperature: float, top_k: int, top_p: float, compute_dtype: torch.dtype | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.settings = (chunk_tokens, temperature, top_k, top_p, compute_dtype)
+        logps, entropies = [], []
+        for rows in _chunks(len(targets), chunk_tokens):
+            logp = _chunk_log_softmax(hidden[rows], weight, targets[rows], temperature, top_k, top_p, compute_dtype)
+            logps.append(logp.gather(-1, targets[rows, None]).squeeze(-1))
+            entropies.append(_entropy(logp))
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        entropy = torch.cat(entropies) if entropies else empty
+        ctx.mark_non_differentiable(entropy)
+        return (torch.cat(logps) if logps else empty), entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_logp: torch.Tensor, _grad_entropy: torch.Tensor) -> tuple[Any, ...]:
+        hidden, weight, targets = ctx.saved_tensors
+        chunk_tokens, temperature, top_k, top_p, compute_dtype = ctx.settings
+        dtype = compute_dtype or weight.dtype
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        for rows in _chunks(len(targets), chunk_tokens):
+            h = hidden[rows].to(dtype)
+            probs = _chunk_log_softmax(hidden[rows], weight, targets[rows], temperature, top_k, top_p,
+                                       compute_dtype).exp_()  # [C, V] float32, 0 where dropped
+            # d(sum_i g_i logp_i)/d logits_i = g_i (onehot_i - p_i) / T
+            grad_logits = probs.neg_().scatter_add_(-1, targets[rows, None], torch.ones_like(probs[:, :1]))
+            grad_logits = grad_logits.mul_(grad_logp[rows, None] / temperature).to(dtype)  # [C, V]
+            if grad_hidden is not None:
+                grad_hidden[rows] = grad_logits @ weight.to(dtype)
+            if grad_weight is not None:  # in place: one [V, H] buffer for every chunk
+                grad_weight.addmm_(grad_logits.T.float(), h.float())
+        return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
+                None, None, None, None, None, None)
+
+
+def _chunks(n: int, size: int) -> Iterator[slice]:
+    return (slice(start, start + size) for start in range(0, n, size))
+
+
+def _chunk_log_softmax(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
+                       top_k: int, top_p: float, compute_dtype: torch.dtype | None) -> torch.Tensor:
+    """``[C, V]`` float32 :func:`sampling_log_softmax` of one chunk's logits ``hidden @ weight.T``
+    (computed in ``compute_dtype``, default the weight's)."""
+    dtype = compute_dtype or weight.dtype
+    return sampling_log_softmax(hidden.to(dtype) @ weight.to(dtype).T, temperature, top_k, top_p, targets)
+
+
 def chunked_completion_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                                 chunk_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                                with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                                with_entropy: bool = False, compute_dtype: torch.dtype | None = None
+                                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`compute_logprobs` (and :func:`compute_entropy`) from the hidden states that predict
     the completion tokens and the output layer, ``chunk_tokens`` tokens at a time, so that the
     ``[B, L, V]`` logits never exist at once: forward and backward each hold one chunk's
-    ``[chunk_tokens, V]`` float32 logits (each chunk is recomputed in the backward pass,
-    ``torch.utils.checkpoint``: a second output-layer matmul for the memory of one chunk).
+    ``[chunk_tokens, V]`` float32 logits and the output layer's ``[V, H]`` gradient, which the
+    chunks add into in place. The backward pass recomputes each chunk's logits (a second
+    output-layer matmul per chunk, the price of the memory) and uses the log-softmax gradient
+    ``onehot(target) - softmax`` directly.
 
     ``out[b, j] = log_softmax(hidden[b, j] @ weight.T / T)[targets[b, j]]`` under the sampling
     distribution (:func:`sampling_log_softmax`); the same as :func:`compute_logprobs` on the
-    full logits up to the rounding of a matmul of another shape.
+    full logits up to the rounding of matmuls of other shapes.
 
     Args:
         hidden: ``[B, L, H]`` the final hidden states at the positions that predict the
-            completion tokens (``completion_logits`` of the decoder's output), the model's dtype.
+            completion tokens (``completion_logits`` of the decoder's output).
         weight: ``[V, H]`` the output layer (a linear layer without bias or logit scaling).
         targets: ``[B, L]`` int64 completion tokens.
         chunk_tokens: tokens per chunk (> 0).
         temperature, top_k, top_p: the sampling distribution, as :func:`compute_logprobs`.
         with_entropy: also return the ``[B, L]`` entropies (no grad), as :func:`compute_entropy`.
+        compute_dtype: the matmuls' dtype (bf16 under bf16-mixed; default the weight's); the
+            log-softmax is float32 whatever it is.
 
     Returns:
         ``([B, L] float32 logprobs, [B, L] float32 entropies or None)``.
@@ -237,25 +301,9 @@ def chunked_completion_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targ
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-
-    def chunk(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logp = sampling_log_softmax(h @ w.T, temperature, top_k, top_p, t)  # [C, V] float32
-        with torch.no_grad():
-            entropy = _entropy(logp) if with_entropy else logp.new_zeros(len(t))
-        return logp.gather(-1, t[:, None]).squeeze(-1), entropy
-
-    logps, entropies = [], []
-    for start in range(0, flat_targets.numel(), chunk_tokens):
-        rows = slice(start, start + chunk_tokens)
-        logp, entropy = checkpoint(chunk, flat_hidden[rows], weight, flat_targets[rows], use_reentrant=False)
-        logps.append(logp)
-        entropies.append(entropy)
-    shape = targets.shape
-    logp = torch.cat(logps).reshape(shape) if logps else hidden.new_zeros(shape, dtype=torch.float32)
-    if not with_entropy:
-        return logp, None
-    return logp, torch.cat(entropies).reshape(shape) if entropies else torch.zeros_like(logp)
+    logp, entropy = _ChunkedLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1),
+                                           chunk_tokens, temperature, top_k, top_p, compute_dtype)
+    return logp.reshape(targets.shape), entropy.reshape(targets.shape) if with_entropy else None
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

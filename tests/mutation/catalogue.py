@@ -472,13 +472,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("logprob_chunk_scores_the_previous_token", "each chunk of the chunked logprobs scores every position "
            "against the token before its own",
            "posttrain/ops.py",
-           (("flat_hidden[rows], weight, flat_targets[rows],",
-             "flat_hidden[rows], weight, flat_targets[rows].roll(1),"),),
+           (("            logp = _chunk_log_softmax(hidden[rows], weight, targets[rows], temperature,",
+             "            logp = _chunk_log_softmax(hidden[rows], weight, targets[rows].roll(1), temperature,"),),
            ("tests/unit/test_chunked_logprobs.py",), klass="training"),
     Mutant("logprob_chunks_ignore_the_temperature", "the chunked scoring takes logprobs at temperature 1 while the "
            "engine samples at T",
            "posttrain/models/policy/hf_policy_worker.py",
-           (("targets, chunk, self.cfg.temperature, top_k, top_p,", "targets, chunk, 1.0, top_k, top_p,"),),
+           (("chunk, self.cfg.temperature, top_k, top_p, with_entropy, compute_dtype)",
+             "chunk, 1.0, top_k, top_p, with_entropy, compute_dtype)"),),
            ("tests/unit/models/policy/test_logprob_chunks.py",), klass="sampling"),
     # --- issue 17: asynchronous GRPO -------------------------------------------------------------
     Mutant("filter_keeps_stale_samples", "the staleness filter keeps samples older than max_staleness",

@@ -85,6 +85,29 @@ def test_a_chunked_worker_scores_and_trains_as_the_full_logits_worker(tiny_model
     assert update > 0 and distance(got, want) <= 2e-3 * update, distance(got, want) / update
 
 
+def test_under_bf16_mixed_the_chunks_multiply_in_bf16_as_autocast_does(tiny_model_path) -> None:
+    """bf16-mixed: the chunks' matmuls in bf16 (``compute_dtype``), as autocast runs the output
+    layer, so the two workers differ by bf16 rounding only. Seeds 0-2 here: logprobs 1.4e-3 to
+    2.2e-3 (normwise), metrics <= 2.0e-5 relative, weights 3.6e-3 to 5.2e-3 of the update; the
+    bounds leave ~10x. Chunks multiplied in fp32 would still pass here: what this guards is a
+    chunk path that breaks under autocast (a dtype error) or drifts far from it."""
+    full, chunked = (make_worker("hf", tiny_model_path, precision="bf16-mixed", logprob_chunk_tokens=n, **POLICY)
+                     for n in (0, 3))
+    batch = batch_of(full.model.config.vocab_size)
+    mask = batch.completion_mask.bool()
+    before = full.get_weights()
+    old = full.get_logprobs(batch)
+    assert rel(chunked.get_logprobs(batch), old, mask) <= 2e-2
+    extra = {"advantages": torch.randn(len(batch), generator=torch.Generator().manual_seed(1)),
+             "old_logprobs": old - 0.05, "ref_logprobs": old + 0.1}
+    logged_full = full.train(batch, extra, ClippedPGLoss(kl_coef=0.1))
+    logged_chunked = chunked.train(batch, extra, ClippedPGLoss(kl_coef=0.1))
+    for key, value in logged_full.items():
+        assert logged_chunked[key] == pytest.approx(value, rel=1e-3, abs=1e-5), key
+    want = full.get_weights()
+    assert distance(chunked.get_weights(), want) <= 5e-2 * distance(want, before)
+
+
 @pytest.mark.parametrize(("keys", "other"), [
     ({"backend": "megatron"}, "backend=megatron"),
     ({"compile": True}, "compile=true"),
