@@ -1,7 +1,13 @@
 """posttrain's GRPO against TRL's ``GRPOTrainer`` on the same job, side by side in one run.
 
     RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 uv run --group bench python benchmarks/grpo_vs_trl.py [--steps 60]
-        [--rounds 1] [--num-val 500] [--seed 0] [--threads 1] [--warm-start DIR]
+        [--rounds 1] [--num-val 500] [--seed 0] [--threads 1] [--warm-start DIR] [--async K]
+
+``--async K`` adds a third side, ``posttrain-async``: the same job on posttrain's asynchronous
+loop (``grpo.async.enabled=true grpo.async.max_staleness=K``: the generation worker samples the
+next steps while the policy trains, each sample at most K policy versions old), timed and
+evaluated as the other two, with its own ratio to TRL's median step. TRL's side stays
+synchronous: the comparison is the one a user makes when choosing a trainer.
 
 The job (``examples/configs/grpo_arithmetic.yaml``: the tiny Qwen2 model on 2-digit addition)
 starts both sides from one SFT warm start: ``--warm-start DIR`` (a Hugging Face model
@@ -139,8 +145,10 @@ def make_warm_start(path: Path, seed: int, log_dir: Path) -> None:
     sft.train(load_config(SFT_CONFIG, overrides, sft.SFTMasterConfig))
 
 
-def posttrain_config(args: argparse.Namespace, warm_start: Path, seed: int, out: Path) -> grpo.GRPOMasterConfig:
-    """The job as posttrain runs it; TRL's side is built from the same values."""
+def posttrain_config(args: argparse.Namespace, warm_start: Path, seed: int, out: Path,
+                     asynchronous: bool = False) -> grpo.GRPOMasterConfig:
+    """The job as posttrain runs it (``asynchronous``: on the asynchronous loop, staleness
+    ``args.async_staleness``); TRL's side is built from the same values."""
     overrides = [
         f"model.path={warm_start}",
         f"grpo.num_steps={args.steps}",
@@ -172,6 +180,8 @@ def posttrain_config(args: argparse.Namespace, warm_start: Path, seed: int, out:
         "logger.print_period=1000",
         f"checkpoint.save_path={out / 'final'}",
     ]
+    if asynchronous:
+        overrides += ["grpo.async.enabled=true", f"grpo.async.max_staleness={args.async_staleness}"]
     return load_config(CONFIG, overrides, grpo.GRPOMasterConfig)
 
 
@@ -296,7 +306,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each side's workers")
     parser.add_argument("--warm-start", type=Path, help="Hugging Face model dir to start from (default: train one)")
+    parser.add_argument("--async", dest="async_staleness", type=int, metavar="K",
+                        help="also run posttrain's asynchronous loop at max staleness K")
     args = parser.parse_args()
+    if args.async_staleness is not None and args.async_staleness < 0:
+        parser.error(f"--async {args.async_staleness}: the max staleness must be >= 0")
+    sides = SIDES + (("posttrain-async",) if args.async_staleness is not None else ())
     if args.steps <= SKIP_STEPS:
         parser.error(f"--steps must exceed the {SKIP_STEPS} start-up steps left out of the timings")
     if args.warm_start is not None and not (args.warm_start / "config.json").is_file():
@@ -320,30 +335,33 @@ def main() -> None:
             {"prompt": trl_prompts(chat, train_problems), "answer": [p.answer for p in train_problems]}
         )
         before = held_out_accuracy(warm, val, args.threads)
-        times: dict[str, list[float]] = {side: [] for side in SIDES}
-        after: dict[str, list[float]] = {side: [] for side in SIDES}
+        times: dict[str, list[float]] = {side: [] for side in sides}
+        after: dict[str, list[float]] = {side: [] for side in sides}
         phases: dict[str, list[float]] = {}
         for i in range(args.rounds):
-            for side in SIDES:
+            for side in sides:
                 out = tmp / f"{side}{i}"
-                cfg = posttrain_config(args, warm, args.seed + i, out)
-                times[side] += (run_posttrain(cfg, phases) if side == "posttrain"
-                                else run_trl(cfg, args.threads, dataset, out))
+                cfg = posttrain_config(args, warm, args.seed + i, out, asynchronous=side == "posttrain-async")
+                times[side] += (run_trl(cfg, args.threads, dataset, out) if side == "TRL"
+                                else run_posttrain(cfg, phases if side == "posttrain" else {}))
                 after[side].append(held_out_accuracy(out / "final", val, args.threads))
     print(f"warm start: {args.warm_start or 'trained here (SFT to held-out accuracy 0.35)'}")
     print(
         f"{args.steps} steps x {args.rounds} runs per side (first {SKIP_STEPS} of each left out), 16 prompts x 8 "
         f"completions, <= 4 new tokens, {args.threads} torch thread(s), {len(val)} held-out problems"
     )
-    print(f"{'side':<10} {'median step s':>14} {'held-out accuracy':>20} {'timed steps':>12}")
+    print(f"{'side':<16} {'median step s':>14} {'held-out accuracy':>20} {'timed steps':>12}")
     median = {side: statistics.median(t) for side, t in times.items()}
-    for side in SIDES:
+    for side in sides:
         accuracy = f"{before:.3f} -> {statistics.mean(after[side]):.3f}"
-        print(f"{side:<10} {median[side]:>14.3f} {accuracy:>20} {len(times[side]):>12}")
+        print(f"{side:<16} {median[side]:>14.3f} {accuracy:>20} {len(times[side]):>12}")
         if args.rounds > 1:
-            print(f"{'':<10} accuracy after each round: {', '.join(f'{a:.3f}' for a in after[side])}")
+            print(f"{'':<16} accuracy after each round: {', '.join(f'{a:.3f}' for a in after[side])}")
     print("posttrain median seconds per phase: "
           + ", ".join(f"{name} {statistics.median(v):.3f}" for name, v in phases.items() if v))
+    if "posttrain-async" in median:
+        print(f"posttrain-async (staleness {args.async_staleness})/TRL median step ratio: "
+              f"{median['posttrain-async'] / median['TRL']:.2f}")
     print(f"posttrain/TRL median step ratio: {median['posttrain'] / median['TRL']:.2f}")
 
 
