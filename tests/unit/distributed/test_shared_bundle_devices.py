@@ -1,9 +1,10 @@
 """A worker that shares a bundle without reserving it (a colocated engine) runs on the bundle's
 GPU, the one the reserving worker (the policy) runs on: Ray names GPUs only to workers that
-reserve them, so without ``RayVirtualCluster.visible_devices`` such a worker sees every GPU and
-takes GPU 0 whatever the bundle holds (seen on a 2-GPU host: a blocker on GPU 0, the policy on
-GPU 1, the engine on GPU 0). Each check runs ``shared_bundle_devices.py`` in a Ray instance of its
-own: with two logical GPUs on any machine, and with the real ones where two are present."""
+reserve them (Ray 2.60 leaves the variable unset for a worker that reserves none), so without
+``RayVirtualCluster.visible_devices`` such a worker sees every GPU and takes GPU 0 whatever the
+bundle holds (seen with logical GPUs: the guest got no ``CUDA_VISIBLE_DEVICES`` while the owner
+got "1"). Each check runs ``shared_bundle_devices.py`` in a Ray instance of its own: with two
+logical GPUs on any machine, and with the real ones where two are present (passed on 2 x H200)."""
 
 from __future__ import annotations
 
