@@ -216,15 +216,17 @@ class _ChunkedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int,
-                temperature: float, top_k: int, top_p: float, compute_dtype: torch.dtype | None
+                temperature: float, top_k: int, top_p: float, compute_dtype: torch.dtype, with_entropy: bool
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.save_for_backward(hidden, weight, targets)
         ctx.settings = (chunk_tokens, temperature, top_k, top_p, compute_dtype)
+        w = weight.to(compute_dtype)  # once per call (no copy when the dtypes agree)
         logps, entropies = [], []
         for rows in _chunks(len(targets), chunk_tokens):
-            logp = _chunk_log_softmax(hidden[rows], weight, targets[rows], temperature, top_k, top_p, compute_dtype)
+            logp = _chunk_log_softmax(hidden[rows].to(compute_dtype), w, targets[rows], temperature, top_k, top_p)
             logps.append(logp.gather(-1, targets[rows, None]).squeeze(-1))
-            entropies.append(_entropy(logp))
+            if with_entropy:
+                entropies.append(_entropy(logp))
         empty = hidden.new_zeros(0, dtype=torch.float32)
         entropy = torch.cat(entropies) if entropies else empty
         ctx.mark_non_differentiable(entropy)
@@ -234,22 +236,21 @@ class _ChunkedLogprobs(torch.autograd.Function):
     def backward(ctx: Any, grad_logp: torch.Tensor, _grad_entropy: torch.Tensor) -> tuple[Any, ...]:
         hidden, weight, targets = ctx.saved_tensors
         chunk_tokens, temperature, top_k, top_p, compute_dtype = ctx.settings
-        dtype = compute_dtype or weight.dtype
+        w = weight.to(compute_dtype)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
         for rows in _chunks(len(targets), chunk_tokens):
-            h = hidden[rows].to(dtype)
-            probs = _chunk_log_softmax(hidden[rows], weight, targets[rows], temperature, top_k, top_p,
-                                       compute_dtype).exp_()  # [C, V] float32, 0 where dropped
+            h = hidden[rows].to(compute_dtype)
+            probs = _chunk_log_softmax(h, w, targets[rows], temperature, top_k, top_p).exp_()  # [C, V], 0 if dropped
             # d(sum_i g_i logp_i)/d logits_i = g_i (onehot_i - p_i) / T
             grad_logits = probs.neg_().scatter_add_(-1, targets[rows, None], torch.ones_like(probs[:, :1]))
-            grad_logits = grad_logits.mul_(grad_logp[rows, None] / temperature).to(dtype)  # [C, V]
+            grad_logits = grad_logits.mul_(grad_logp[rows, None] / temperature).to(compute_dtype)  # [C, V]
             if grad_hidden is not None:
-                grad_hidden[rows] = grad_logits @ weight.to(dtype)
+                grad_hidden[rows] = grad_logits @ w
             if grad_weight is not None:  # in place: one [V, H] buffer for every chunk
                 grad_weight.addmm_(grad_logits.T.float(), h.float())
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
-                None, None, None, None, None, None)
+                None, None, None, None, None, None, None)
 
 
 def _chunks(n: int, size: int) -> Iterator[slice]:
@@ -257,11 +258,10 @@ def _chunks(n: int, size: int) -> Iterator[slice]:
 
 
 def _chunk_log_softmax(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                       top_k: int, top_p: float, compute_dtype: torch.dtype | None) -> torch.Tensor:
-    """``[C, V]`` float32 :func:`sampling_log_softmax` of one chunk's logits ``hidden @ weight.T``
-    (computed in ``compute_dtype``, default the weight's)."""
-    dtype = compute_dtype or weight.dtype
-    return sampling_log_softmax(hidden.to(dtype) @ weight.to(dtype).T, temperature, top_k, top_p, targets)
+                       top_k: int, top_p: float) -> torch.Tensor:
+    """``[C, V]`` float32 :func:`sampling_log_softmax` of one chunk's logits, ``linear(hidden,
+    weight)``: the output layer's own op, so that the chunks round as the model's head does."""
+    return sampling_log_softmax(torch.nn.functional.linear(hidden, weight), temperature, top_k, top_p, targets)
 
 
 def chunked_completion_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -302,7 +302,8 @@ def chunked_completion_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targ
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     logp, entropy = _ChunkedLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1),
-                                           chunk_tokens, temperature, top_k, top_p, compute_dtype)
+                                           chunk_tokens, temperature, top_k, top_p, compute_dtype or weight.dtype,
+                                           with_entropy)
     return logp.reshape(targets.shape), entropy.reshape(targets.shape) if with_entropy else None
 
 

@@ -104,7 +104,7 @@ class RayActor:
 def _shared_bundle_env(cluster: RayVirtualCluster, bundle_index: int) -> dict[str, Any]:
     """Actor options for a worker that reserves nothing on ``bundle_index``: the bundle's GPUs
     made visible to it (Ray does so only for workers that reserve GPUs)."""
-    devices = getattr(cluster, "visible_devices", lambda _: None)(bundle_index)
+    devices = cluster.visible_devices(bundle_index)
     return {} if devices is None else {"runtime_env": {"env_vars": {"CUDA_VISIBLE_DEVICES": devices}}}
 
 

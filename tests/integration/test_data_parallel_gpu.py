@@ -2,7 +2,13 @@
 GRPO step at DP=2 is the step at DP=1 on one GPU (fp32, no TF32), within test_data_parallel.py's
 bounds; and in a GRPO run with a colocated engine (on rank 0's GPU) the engine serves the sharded
 policy's weights after every refit. Skipped with fewer than 2 GPUs (CI never has them).
-Measured on 2 x H200 (this file's first runs): see docs/testing.md, "Two GPUs"."""
+
+The bounds are the CPU test's (``data_parallel_jobs``: calibrated on AMD EPYC, seeds 0-5, with
+~100x over what was seen there). On GPUs they are not calibrated: both tests passed in each of
+two calls on 2 x H200 (Nov 26), and the gaps were not recorded. NCCL's reduction order differs
+from gloo's, so the first runs on other GPU machines should record the gaps next to these
+bounds. Broken, the step is off by a factor (the ``data_parallel_*`` mutants, caught on CPU by
+the same ``assert_same_step``)."""
 
 from __future__ import annotations
 

@@ -458,10 +458,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/distributed/worker_group.py",
            (("                **({} if reserve else _shared_bundle_env(cluster, i)),\n", ""),),
            ("tests/unit/distributed/test_shared_bundle_devices.py",), klass="config"),
-    Mutant("data_parallel_ranks_share_a_gpu", "policy.data_parallel_size=2 on half a GPU each is accepted: Ray packs "
-           "both ranks onto one device, where NCCL refuses the second",
+    Mutant("data_parallel_ranks_share_a_gpu", "policy.data_parallel_size=2 (or TP=2) on half a GPU each is accepted: "
+           "Ray packs both ranks onto one device, where NCCL refuses the second",
            "posttrain/models/policy/lm_policy.py",
-           (("        if dp > 1 and 0 < gpus_per_worker < 1:", "        if False:"),),
+           (("    if ranks > 1 and 0 < gpus_per_worker < 1:", "    if False:"),),
            ("tests/unit/models/megatron/test_backend_checks.py",), klass="config"),
     # --- issue 35: chunked logprobs -----------------------------------------------------------------
     Mutant("logprob_chunk_tokens_ignored", "policy.logprob_chunk_tokens is read by nobody: the worker builds the full "
@@ -472,8 +472,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("logprob_chunk_scores_the_previous_token", "each chunk of the chunked logprobs scores every position "
            "against the token before its own",
            "posttrain/ops.py",
-           (("            logp = _chunk_log_softmax(hidden[rows], weight, targets[rows], temperature,",
-             "            logp = _chunk_log_softmax(hidden[rows], weight, targets[rows].roll(1), temperature,"),),
+           (("hidden[rows].to(compute_dtype), w, targets[rows], temperature,",
+             "hidden[rows].to(compute_dtype), w, targets[rows].roll(1), temperature,"),),
            ("tests/unit/test_chunked_logprobs.py",), klass="training"),
     Mutant("logprob_chunks_ignore_the_temperature", "the chunked scoring takes logprobs at temperature 1 while the "
            "engine samples at T",
@@ -481,6 +481,13 @@ MUTANTS: tuple[Mutant, ...] = (
            (("chunk, self.cfg.temperature, top_k, top_p, with_entropy, compute_dtype)",
              "chunk, 1.0, top_k, top_p, with_entropy, compute_dtype)"),),
            ("tests/unit/models/policy/test_logprob_chunks.py",), klass="sampling"),
+    Mutant("logprob_chunks_in_fp32_under_bf16_mixed", "under bf16-mixed the chunked scoring multiplies the output "
+           "layer in fp32 while the full-logits path (autocast) does it in bf16: the trainer's logprobs move",
+           "posttrain/models/policy/hf_policy_worker.py",
+           (("compute_dtype = torch.bfloat16 if self.precision == \"bf16-mixed\" else None",
+             "compute_dtype = None"),),
+           ("tests/unit/models/policy/test_logprob_chunks.py::"
+            "test_under_bf16_mixed_the_chunks_multiply_in_bf16_as_autocast_does",), klass="precision"),
     # --- issue 17: asynchronous GRPO -------------------------------------------------------------
     Mutant("filter_keeps_stale_samples", "the staleness filter keeps samples older than max_staleness",
            "posttrain/rollouts/filters.py",

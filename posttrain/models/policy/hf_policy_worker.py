@@ -217,7 +217,7 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         with self._autocast():
             decoder = model.get_decoder()  # type: ignore[operator]
             hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
-            head = model.get_output_embeddings()  # type: ignore[operator]
+        head = model.get_output_embeddings()  # type: ignore[operator]
         compute_dtype = torch.bfloat16 if self.precision == "bf16-mixed" else None  # as autocast's lm_head
         return chunked_completion_logprobs(completion_logits(hidden, batch.prompt_lens, width), head.weight, targets,
                                            chunk, self.cfg.temperature, top_k, top_p, with_entropy, compute_dtype)

@@ -44,25 +44,22 @@ def check_backend(cfg: PolicyConfig, gpus_per_worker: float, gpus_found: int | N
         gpus_found: GPUs visible to this process (default: ``torch.cuda.device_count()``).
 
     Raises:
-        ConfigError: megatron without megatron-core, without a GPU on this machine, without
-            GPUs for its workers, or with tensor-parallel ranks that would share a GPU; data-
-            parallel ranks that would share a GPU (Ray packs bundles of a fraction of a GPU onto
-            one device, and NCCL refuses two ranks on one device).
+        ConfigError: megatron without megatron-core, without a GPU on this machine, or without
+            GPUs for its workers; tensor- or data-parallel ranks that would share a GPU (Ray
+            packs bundles of a fraction of a GPU onto one device, and NCCL refuses two ranks on
+            one device).
     """
-    if cfg.backend != "megatron":
-        dp = cfg.data_parallel_size
-        if dp > 1 and 0 < gpus_per_worker < 1:
-            raise ConfigError(f"policy.data_parallel_size={dp} needs a whole GPU per rank, "
-                              f"but cluster.gpus_per_worker={gpus_per_worker:g}")
-        return
-    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
-        raise ConfigError(MCORE_MISSING)
-    require_gpus("policy.backend=megatron", gpus_per_worker, gpus_found, "megatron-core's forward pass runs on CUDA")
-    tp = cfg.megatron.tensor_model_parallel_size
-    if tp > 1 and gpus_per_worker < 1:
-        raise ConfigError(f"policy.megatron.tensor_model_parallel_size={tp} needs a whole GPU per rank, "
-                          f"but cluster.gpus_per_worker={gpus_per_worker:g}")
-
+    if cfg.backend == "megatron":
+        if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+            raise ConfigError(MCORE_MISSING)
+        require_gpus("policy.backend=megatron", gpus_per_worker, gpus_found,
+                     "megatron-core's forward pass runs on CUDA")
+    # One rank per worker (TP for megatron, DP for hf), each on a GPU of its own.
+    ranks = num_policy_workers(cfg)
+    if ranks > 1 and 0 < gpus_per_worker < 1:
+        key = "megatron.tensor_model_parallel_size" if cfg.backend == "megatron" else "data_parallel_size"
+        raise ConfigError(f"policy.{key}={ranks} needs a whole GPU per rank, but cluster.gpus_per_worker="
+                          f"{gpus_per_worker:g}")
 
 class Policy:
     """A policy in Ray actors placed on ``cluster`` bundles ``bundle_indices``.
