@@ -5,7 +5,8 @@ in value and in gradient (w.r.t. the hidden states and the output layer), at eve
 
 The bound, normwise relative error 1e-5, is the rounding of matmuls of other shapes. Worst of 600
 cases (40 seeds x 5 chunk sizes x 3 sampling settings; AMD EPYC, 2 cores): logprobs 1.6e-7,
-entropies 2.1e-6, gradients 8.6e-7 (hidden states) and 7.3e-7 (output layer). Broken chunking
+entropies 2.1e-6, gradients 8.6e-7 (hidden states) and 7.3e-7 (output layer). The GPU host's
+Intel Xeon pinned to 2 threads (Nov 27): 1.3e-7, 1.7e-6, 5.7e-7, 9.7e-7 (worst margin 4.8x). Broken chunking
 is off by O(1): a chunk scored against another chunk's tokens, or a chunk left out.
 (Elementwise bounds do not fit: gradient entries near zero have large relative errors.)"""
 

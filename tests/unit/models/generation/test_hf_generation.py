@@ -23,13 +23,15 @@ def test_sampling_logprobs_are_the_teacher_forced_scores_of_the_sampled_tokens(e
     """Decode vs prefill: the logprobs recorded while generating (left-padded batch, KV cache)
     equal the engine's one-prefill ``score`` of the finished sequences.
 
-    Calibration of the 1e-4 bound (this test's prompts and 8 new tokens, sampling seeds 0-15, Nov 26;
-    not yet on the GPU machine's CPUs or its GPU: that session's device time was spent):
+    Calibration of the 1e-4 bound (this test's prompts and 8 new tokens, sampling seeds 0-15, Nov 26-27;
+    the engine is CPU-only here, so its GPU does not apply):
 
     | machine | T | max gap (median) | broken: scored at T 1 | margin to 1e-4 |
     |---|---|---|---|---|
     | AMD EPYC, 2 cores | 1.0 | 4.8e-7 (2.4e-7) | - | 210x |
     | AMD EPYC, 2 cores | 0.7 | 7.2e-7 (4.8e-7) | 0.37 | 140x; broken 3,700x over |
+    | GPU host's Intel Xeon, pinned to 2 threads | 1.0 | 4.8e-7 (3.6e-7) | - | 210x |
+    | GPU host's Intel Xeon, pinned to 2 threads | 0.7 | 4.8e-7 (4.8e-7) | 0.37 | 210x |
     """
     params = SamplingParams(max_new_tokens=8, temperature=temperature, top_p=1.0, top_k=0, seed=3)
     out = engine.generate(PROMPTS, params)
