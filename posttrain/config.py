@@ -62,8 +62,8 @@ class MegatronConfig(Section):
 
     tensor_model_parallel_size: int = Field(1, ge=1, description="GPUs (policy workers) one model is split over")
     pipeline_model_parallel_size: int = Field(
-        1, ge=1, description="only 1: the policy worker has no pipeline schedule yet (the weight conversion per "
-        "stage exists: models/megatron/conversion.py)")
+        1, ge=1, description="pipeline stages (policy workers: tensor x pipeline sizes); must divide the model's "
+        "layers; trained with megatron-core's 1F1B schedule")
     context_parallel_size: int = Field(1, ge=1, description="only 1: no sequence is split over GPUs yet")
     sequence_parallel: bool = Field(
         False, description="megatron's sequence parallelism over the tensor-parallel ranks (needs "
@@ -71,11 +71,6 @@ class MegatronConfig(Section):
 
     @model_validator(mode="after")
     def _layouts_not_built_yet(self) -> MegatronConfig:
-        if self.pipeline_model_parallel_size != 1:
-            raise ValueError(
-                f"pipeline_model_parallel_size={self.pipeline_model_parallel_size} is not supported: "
-                "the Megatron policy has no pipeline schedule yet (use 1; tensor parallelism is supported)"
-            )
         if self.context_parallel_size != 1:
             raise ValueError(f"context_parallel_size={self.context_parallel_size} is not supported: the Megatron "
                              "policy splits no sequence over GPUs yet (use 1)")

@@ -100,7 +100,7 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
     acfg = cfg.grpo.async_
     if serves_in_place(cfg.generation, cfg.generation.backend, cfg.policy.backend):
         check_in_place(cfg.policy.megatron.tensor_model_parallel_size, cfg.generation.num_workers,
-                       asynchronous=True)
+                       asynchronous=True, pipeline_parallel_size=cfg.policy.megatron.pipeline_model_parallel_size)
     capacity = buffer_capacity(cfg)
     n = cfg.grpo.num_prompts_per_step * cfg.grpo.completions_per_prompt
     train_problems, val_problems = load_problems(cfg.data)

@@ -136,7 +136,8 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     if backend:
         check_engine_placement(backend, cluster.gpus_per_worker)
     if in_place:
-        check_in_place(policy.megatron.tensor_model_parallel_size, generation.num_workers)
+        check_in_place(policy.megatron.tensor_model_parallel_size, generation.num_workers,
+                       pipeline_parallel_size=policy.megatron.pipeline_model_parallel_size)
     transport = current_transport()  # Ray, unless the caller chose another (distributed/transport.py)
     transport.start(cluster.address, cluster.num_cpus, cluster.num_gpus)
     policy_workers = num_policy_workers(worker_cfg)
@@ -180,10 +181,12 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
 
 def describe_policy(policy: PolicyConfig, workers: Policy | None = None) -> str:
     """``hf``, ``hf + LoRA (rank R[: T of N parameters trained, P%])`` (the counts when the
-    ``workers`` are given) or ``megatron (tp=N, <precision>)``: what the start-up line names."""
+    ``workers`` are given) or ``megatron (tp=N[, pp=M], <precision>)``: what the start-up line names."""
     if policy.backend == "megatron":
         precision = resolve_precision(policy.precision, "cuda")  # megatron runs on CUDA only
-        return f"megatron (tp={policy.megatron.tensor_model_parallel_size}, {precision})"
+        pp = policy.megatron.pipeline_model_parallel_size
+        stages = f", pp={pp}" if pp > 1 else ""
+        return f"megatron (tp={policy.megatron.tensor_model_parallel_size}{stages}, {precision})"
     if policy.lora.rank > 0:
         counts = ""
         if workers is not None:

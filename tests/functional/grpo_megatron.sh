@@ -13,14 +13,19 @@
 #                     gains must agree within MAX_GAIN_GAP (default 0.05; see compare_gains)
 # Without a GPU: "needs 1 GPU, found 0", exit 2.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-# policy.megatron.tensor_model_parallel_size=N (N > 1): a whole GPU per rank (Ray packs bundles of
-# half a GPU onto one device, where NCCL refuses the second rank); the engine shares rank 0's.
-tp=1 gpus_per_worker=0.5
+# policy.megatron.tensor_model_parallel_size=N and/or pipeline_model_parallel_size=M (N x M > 1
+# ranks): a whole GPU per rank (Ray packs bundles of half a GPU onto one device, where NCCL refuses
+# the second rank); the engine shares rank 0's.
+tp=1 pp=1 gpus_per_worker=0.5
 for arg in "$@"; do
-  case $arg in policy.megatron.tensor_model_parallel_size=*) tp=${arg#*=} ;; esac
+  case $arg in
+    policy.megatron.tensor_model_parallel_size=*) tp=${arg#*=} ;;
+    policy.megatron.pipeline_model_parallel_size=*) pp=${arg#*=} ;;
+  esac
 done
-[ "$tp" -gt 1 ] 2>/dev/null && gpus_per_worker=1
-require_gpus "$tp"
+ranks=$(( tp * pp )) 2>/dev/null || ranks=1
+[ "$ranks" -gt 1 ] 2>/dev/null && gpus_per_worker=1
+require_gpus "$ranks"
 require_extra mcore megatron.core "$@"
 export BACKEND=${BACKEND:-auto}
 echo "== generation engine: $(python -c "from posttrain.models.generation.backends import resolve_backend as r; print(r('$BACKEND'))")"

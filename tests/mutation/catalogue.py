@@ -124,7 +124,8 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{LEARNING}::test_first_update_reads_the_loss_and_ratio_at_one",)),
     Mutant("loss_mask_includes_padding", "the policy-gradient loss is summed over padding tokens too",
            "posttrain/models/policy/base_policy_worker.py",
-           (('{"completion_mask": mb.completion_mask,', '{"completion_mask": torch.ones_like(mb.completion_mask),'),),
+           (('{"completion_mask": mb.batch.completion_mask,',
+             '{"completion_mask": torch.ones_like(mb.batch.completion_mask),'),),
            (f"{LEARNING}::test_first_update_reads_the_loss_and_ratio_at_one",)),
     Mutant("loss_mask_drops_last_token", "the completion mask drops each completion's last token (EOS never trained)",
            "posttrain/data/batch.py",
@@ -228,7 +229,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- issue 12: metrics that lie ------------------------------------------------------------
     Mutant("entropy_over_padding", "train/entropy sums the padding positions' entropy too",
            "posttrain/models/policy/base_policy_worker.py",
-           (('metrics["entropy"] = (masked_sum(entropy, mb.completion_mask) / num_tokens).item()',
+           (('metrics["entropy"] = (masked_sum(entropy, mb.batch.completion_mask) / num_tokens).item()',
              'metrics["entropy"] = (entropy.sum() / num_tokens).item()'),),
            (f"{STEP_METRICS}", f"{LOOP_METRICS}::test_grpo_train_step_metrics_equal_an_independent_replay"),
            klass="metrics"),
@@ -520,7 +521,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "its share of the global batch's: gradient accumulation sums k means (TRL issue 2617's bug)",
            "posttrain/models/policy/base_policy_worker.py",
            (("loss, metrics = loss_fn(logprobs, data, num_tokens)",
-             "loss, metrics = loss_fn(logprobs, data, max(mb.completion_mask.sum().item(), 1.0))"),),
+             "loss, metrics = loss_fn(logprobs, data, max(mb.batch.completion_mask.sum().item(), 1.0))"),),
            ("tests/integration/test_layout_parity.py",), klass="training"),
     Mutant("data_parallel_gradients_averaged", "the data-parallel ranks' gradients are averaged, not summed: "
            "each rank's loss is already its share of the global token mean, so the step is half the size",
@@ -611,10 +612,9 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{ASYNC}::test_a_resumed_async_run_samples_its_first_step_with_the_restored_weights",), klass="resume"),
     Mutant("megatron_reference_from_checkpoint", "a resumed Megatron run loads the checkpoint into the KL reference "
            "too", MCORE_WORKER,
-           (("        load_local_state(self.model, hf_to_megatron(",
-             "        load_local_state(self.reference or self.model,\n"
-             "                    hf_to_megatron(read_hf_weights(path), self.shape, self.rank, self.tp))\n"
-             "        load_local_state(self.model, hf_to_megatron("),),
+           (("        load_local_state(self.model, self._local_shard(read_hf_weights(path)))",
+             "        load_local_state(self.reference or self.model, self._local_shard(read_hf_weights(path)))\n"
+             "        load_local_state(self.model, self._local_shard(read_hf_weights(path)))"),),
            (f"{RESUME}::test_a_loaded_checkpoint_trains_on_from_its_weights_against_the_initial_reference[megatron]",),
            klass="resume", tier="mcore"),
     Mutant("megatron_ranks_load_rank0_optimizer", "every tensor-parallel rank restores rank 0's optimizer shard (same "
@@ -688,7 +688,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("old_logprobs_rounded_to_model_dtype", "a one-step train call keeps its old logprobs in the model's dtype: "
            "the ratio's denominator is bf16-rounded, the first ratio is not 1",
            "posttrain/models/policy/base_policy_worker.py",
-           (("forward_old.append(logprobs.detach())", "forward_old.append(logprobs.detach().to(logits.dtype))"),),
+           (("forward_old.append(logprobs.detach())",
+             "forward_old.append(logprobs.detach().to(torch.bfloat16).float())"),),
            (f"{PRECISION_TESTS}::test_the_loss_math_runs_in_fp32_on_a_bf16_models_logits",), klass="precision"),
     Mutant("probe_bound_fp32_loose", "the fp32 probe bound is 0.05: an engine a whole (small) step behind passes",
            "posttrain/weight_sync/probe.py", (('"fp32": 1e-3,', '"fp32": 0.05,'),),
@@ -1002,6 +1003,20 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/config.py", (("        if self.context_parallel_size != 1:", "        if False:"),),
            ("tests/unit/models/megatron/test_backend_checks.py::"
             "test_megatron_layouts_not_built_yet_are_refused_in_one_line",), klass="config"),
+    # issue 34: megatron-core's schedules in the Megatron policy worker
+    Mutant("megatron_schedule_loss_divided_by_micro_batches", "the loss handed to megatron's schedule is not "
+           "multiplied back by the micro-batch count: megatron divides it again and every accumulated gradient is "
+           "1/k of the global batch's (a smaller step, clipping seldom active)", MCORE_WORKER,
+           (("                return loss * n, outputs", "                return loss, outputs"),),
+           (f"{MCORE_TESTS}::test_train_steps_equal_the_hf_workers",), klass="training", tier="mcore", gpus=1),
+    Mutant("pipeline_metrics_of_the_first_stage", "with pipeline stages, rank 0 (the first stage) answers the train "
+           "step with its own metrics, never computed there, instead of the last stage's", MCORE_WORKER,
+           (("            step_metrics, old = self._from_last_stage(", "            _, old = self._from_last_stage("),),
+           (f"{MCORE_TESTS}::test_pipeline_parallel_2_matches_the_hf_worker",), klass="metrics", tier="mcore"),
+    Mutant("pipeline_embedding_grads_not_reduced", "the embedding group's gradient all-reduce never runs: the tied "
+           "output layer on the last stage and the embedding on the first train apart", MCORE_WORKER,
+           (("        finalize_model_grads([self.model])", "        pass"),),
+           (f"{MCORE_TESTS}::test_pipeline_parallel_2_matches_the_hf_worker",), klass="megatron", tier="mcore"),
     # issue 33, the engine in place (models/generation/megatron/in_place.py)
     Mutant("in_place_engine_serves_unpublished_weights", "the in-place megatron engine generates between a train step "
            "and its refit: completions of weights no probe checked, labelled with the previous version",

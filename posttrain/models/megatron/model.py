@@ -17,29 +17,36 @@ from posttrain.models.megatron.conversion import GPTShape
 Precision = Literal["fp32", "bf16-mixed"]
 
 
-def init_parallel_state(init_method: str, rank: int, world_size: int, tensor_parallel: int, seed: int) -> None:
+def init_parallel_state(init_method: str, rank: int, world_size: int, tensor_parallel: int, seed: int,
+                        pipeline_parallel: int = 1) -> None:
     """Join the worker group's ``torch.distributed`` group and set megatron-core's parallel state.
 
     In a process that already has both (several single-rank workers in one test process),
-    the existing ones are reused when their tensor-parallel size is the same.
+    the existing ones are reused when their tensor- and pipeline-parallel sizes are the same.
 
     Args:
         init_method: ``tcp://host:port`` of rank 0 (every rank passes the same).
-        rank, world_size: this worker's rank and the group size (= ``tensor_parallel``:
-            one model replica, no data or pipeline parallelism).
+        rank, world_size: this worker's rank and the group size (= ``tensor_parallel *
+            pipeline_parallel``: one model replica, no data parallelism). megatron-core orders
+            ranks tensor-parallel fastest: rank = tp_rank + tensor_parallel * pp_rank.
         tensor_parallel: tensor-model-parallel size.
         seed: seeds megatron's model-parallel RNG tracker (dropout inside TP regions);
             dropout is off, but megatron's attention forks the tracker regardless.
+        pipeline_parallel: pipeline stages.
+
+    Raises:
+        RuntimeError: this process already has megatron parallel state of other sizes.
     """
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     if dist.is_initialized() and parallel_state.model_parallel_is_initialized():
-        current = parallel_state.get_tensor_model_parallel_world_size()
-        if current != tensor_parallel or dist.get_world_size() != world_size:
-            raise RuntimeError(f"this process already has a tensor-parallel group of {current}, "
-                               f"asked for {tensor_parallel}")
+        current = (parallel_state.get_tensor_model_parallel_world_size(),
+                   parallel_state.get_pipeline_model_parallel_world_size())
+        if current != (tensor_parallel, pipeline_parallel) or dist.get_world_size() != world_size:
+            raise RuntimeError(f"this process already has megatron parallel state (tp, pp) = {current}, "
+                               f"asked for {(tensor_parallel, pipeline_parallel)}")
         model_parallel_cuda_manual_seed(seed)
         return
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -47,13 +54,16 @@ def init_parallel_state(init_method: str, rank: int, world_size: int, tensor_par
         torch.cuda.set_device(0)  # a Ray GPU actor sees only its own GPU, as device 0
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel,
-                                             pipeline_model_parallel_size=1)
+                                             pipeline_model_parallel_size=pipeline_parallel)
     model_parallel_cuda_manual_seed(seed)
 
 
-def transformer_config(shape: GPTShape, precision: Precision, tensor_parallel: int) -> Any:
+def transformer_config(shape: GPTShape, precision: Precision, tensor_parallel: int,
+                       pipeline_parallel: int = 1) -> Any:
     """megatron-core ``TransformerConfig`` of a Qwen2 model: GQA, RMSNorm, SwiGLU, q/k/v bias
-    only, no dropout, and no fused kernels (they need Apex or Transformer Engine)."""
+    only, no dropout, and no fused kernels (they need Apex or Transformer Engine). Between
+    pipeline stages the activations travel in the parameters' dtype, their shapes sent first
+    (``variable_seq_lengths``: the batches' length buckets and last micro-batches differ)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     bf16 = precision == "bf16-mixed"
@@ -73,6 +83,12 @@ def transformer_config(shape: GPTShape, precision: Precision, tensor_parallel: i
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel,
+        pipeline_model_parallel_size=pipeline_parallel,
+        pipeline_dtype=torch.bfloat16 if bf16 else torch.float32,
+        variable_seq_lengths=pipeline_parallel > 1,
+        # megatron's config check ties variable lengths to the MoE all-to-all token dispatcher,
+        # also for a dense model (no MoE layer is built: the setting is read by none)
+        moe_token_dispatcher_type="alltoall",
         params_dtype=torch.bfloat16 if bf16 else torch.float32,
         bf16=bf16,
         # The weights come from the HF checkpoint, but initialisation must stay on: it is what
@@ -88,23 +104,33 @@ def transformer_config(shape: GPTShape, precision: Precision, tensor_parallel: i
     )
 
 
-def build_gpt_model(shape: GPTShape, precision: Precision, tensor_parallel: int) -> torch.nn.Module:
+def build_gpt_model(shape: GPTShape, precision: Precision, tensor_parallel: int,
+                    pipeline_parallel: int = 1) -> torch.nn.Module:
     """A ``GPTModel`` (local layer spec) on the current device; wrapped in ``Float16Module``
-    for ``bf16-mixed`` (bf16 parameters and compute, fp32 logits out).
+    for ``bf16-mixed`` (bf16 parameters and compute, fp32 logits out). With
+    ``pipeline_parallel`` > 1 it is this rank's stage (megatron's parallel state says which):
+    the embedding on the first, the final norm and output layer on the last, the layers of
+    :func:`~posttrain.models.megatron.conversion.stage_layers` in between.
 
     Its forward takes ``(input_ids [B, S], position_ids [B, S], attention_mask=None)`` (None:
-    causal) and returns ``[B, S, V_padded]`` logits gathered over tensor-parallel ranks.
+    causal) and returns ``[B, S, V_padded]`` logits gathered over tensor-parallel ranks (the
+    last stage; an earlier stage returns its ``[S, B, H]`` hidden states).
     """
+    from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.module import Float16Module
 
-    config = transformer_config(shape, precision, tensor_parallel)
+    config = transformer_config(shape, precision, tensor_parallel, pipeline_parallel)
+    first = pipeline_parallel == 1 or parallel_state.is_pipeline_first_stage()
+    last = pipeline_parallel == 1 or parallel_state.is_pipeline_last_stage()
     model = GPTModel(
         config,
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=shape.padded_vocab_size(tensor_parallel),
         max_sequence_length=shape.max_position_embeddings,
+        pre_process=first,
+        post_process=last,
         parallel_output=False,  # full-vocabulary logits on every rank: logprobs need the whole softmax
         share_embeddings_and_output_weights=shape.tied,
         position_embedding_type="rope",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,6 +40,16 @@ def reduce_metrics(acc: Metrics, new: Metrics) -> Metrics:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch of a global batch: its rows, the loss's per-row tensors of those rows,
+    and whether it is an idle one (a data-parallel rank short of rows: one masked template row)."""
+
+    batch: TokenBatch
+    extra: dict[str, torch.Tensor]
+    idle: bool = False
 
 
 class PolicyWorkerBase(WeightSender):
@@ -87,7 +98,11 @@ class PolicyWorkerBase(WeightSender):
         distribution (the run's temperature, ``top_k``, ``top_p``) and, ``with_entropy``, the
         ``[B, L]`` entropies (no grad): from the full logits (:meth:`_forward_logits`). A backend
         may score them without those (the HF worker's ``policy.logprob_chunk_tokens``)."""
-        logits = self._forward_logits(model, batch)
+        return self._logprobs_from_logits(self._forward_logits(model, batch), batch, top_k, top_p, with_entropy)
+
+    def _logprobs_from_logits(self, logits: torch.Tensor, batch: TokenBatch, top_k: int, top_p: float,
+                              with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`_completion_logprobs` of ``batch`` from its ``[B, S, V]`` logits."""
         width, temperature = batch.completion_mask.shape[1], self.cfg.temperature
         if with_entropy:
             return compute_logprobs_and_entropy(logits, batch.input_ids, batch.prompt_lens, width, temperature, top_k,
@@ -227,34 +242,18 @@ class PolicyWorkerBase(WeightSender):
             num_tokens = max(self._across_ranks([batch.completion_mask[g_start:g_end].sum().item()], "sum")[0], 1.0)
             num_micro = self._across_ranks([float(math.ceil(rows_here / mbs))], "max")[0]
             self._zero_grad()
-            step_metrics: Metrics = {}
+            micro = []
             for m in range(int(num_micro)):
                 m_start = g_start + m * mbs
-                idle = m_start >= g_end
-                if idle:  # this rank is short of micro-batches: one masked row, nothing learned
+                if m_start >= g_end:  # this rank is short of micro-batches: one masked row, nothing learned
                     if template is None:
                         raise ValueError("a data-parallel rank short of micro-batches needs a template row")
-                    mb = template.to(self.device).masked()
-                    mextra = {k: v.new_zeros((1, *v.shape[1:])) for k, v in extra.items()}
+                    micro.append(MicroBatch(template.to(self.device).masked(),
+                                            {k: v.new_zeros((1, *v.shape[1:])) for k, v in extra.items()}, idle=True))
                 else:
                     mrows = slice(m_start, min(m_start + mbs, g_end))
-                    mb = batch.select(mrows)
-                    mextra = {k: v[mrows] for k, v in extra.items()}
-                logprobs, entropy = self._completion_logprobs(self.model, mb, self.cfg.top_k, self.cfg.top_p,
-                                                              with_entropy=True)
-                assert entropy is not None
-                data = {"completion_mask": mb.completion_mask, **mextra}
-                if from_forward:
-                    if not idle:
-                        forward_old.append(logprobs.detach())
-                    data.setdefault("old_logprobs", logprobs.detach())
-                loss, metrics = loss_fn(logprobs, data, num_tokens)
-                (loss * self.gradient_scale).backward()
-                metrics["entropy"] = (masked_sum(entropy, mb.completion_mask) / num_tokens).item()
-                if idle:  # no tokens: nothing to add, and no extreme to report
-                    metrics = {k: math.inf if k.endswith("_min") else -math.inf if k.endswith("_max") else 0.0
-                               for k in metrics}
-                reduce_metrics(step_metrics, metrics)
+                    micro.append(MicroBatch(batch.select(mrows), {k: v[mrows] for k, v in extra.items()}))
+            step_metrics = self._forward_backward(micro, loss_fn, num_tokens, forward_old if from_forward else None)
             grad_norm = self._optimizer_step()
             if not math.isfinite(grad_norm):
                 skipped += 1
@@ -271,6 +270,39 @@ class PolicyWorkerBase(WeightSender):
         out.update(lr=lr, num_optimizer_steps=float(len(steps)),
                    skipped_optimizer_steps=float(skipped))
         return out
+
+    def _forward_backward(self, micro: list[MicroBatch], loss_fn: LossFn, num_tokens: float,
+                          forward_old: list[torch.Tensor] | None) -> Metrics:
+        """Forward and backward passes of one global batch's micro-batches, gradients accumulated
+        (not stepped); returns their metrics reduced (:func:`reduce_metrics`). ``forward_old``:
+        the loss's old logprobs are each micro-batch's own forward, detached, appended there
+        (None: ``extra`` brings them). A backend with its own schedule overrides this."""
+        step_metrics: Metrics = {}
+        for mb in micro:
+            logprobs, entropy = self._completion_logprobs(self.model, mb.batch, self.cfg.top_k, self.cfg.top_p,
+                                                          with_entropy=True)
+            loss, metrics = self._micro_loss(mb, logprobs, entropy, loss_fn, num_tokens, forward_old)
+            (loss * self.gradient_scale).backward()
+            reduce_metrics(step_metrics, metrics)
+        return step_metrics
+
+    def _micro_loss(self, mb: MicroBatch, logprobs: torch.Tensor, entropy: torch.Tensor | None, loss_fn: LossFn,
+                    num_tokens: float, forward_old: list[torch.Tensor] | None) -> tuple[torch.Tensor, Metrics]:
+        """One micro-batch's loss (its share of the global batch's token mean: ``loss_fn`` divides
+        by ``num_tokens``, the global batch's token count) and metrics, from its ``[b, L]``
+        logprobs and entropies."""
+        assert entropy is not None
+        data = {"completion_mask": mb.batch.completion_mask, **mb.extra}
+        if forward_old is not None:
+            if not mb.idle:
+                forward_old.append(logprobs.detach())
+            data.setdefault("old_logprobs", logprobs.detach())
+        loss, metrics = loss_fn(logprobs, data, num_tokens)
+        metrics["entropy"] = (masked_sum(entropy, mb.batch.completion_mask) / num_tokens).item()
+        if mb.idle:  # no tokens: nothing to add, and no extreme to report
+            metrics = {k: math.inf if k.endswith("_min") else -math.inf if k.endswith("_max") else 0.0
+                       for k in metrics}
+        return loss, metrics
 
     def export(self, path: str, tokenizer_path: str | None = None) -> None:
         """Write the final model to ``path`` (Hugging Face format, loadable as a new

@@ -30,9 +30,11 @@ MCORE_MISSING = ("policy.backend=megatron but megatron-core is not installed: ru
 
 
 def num_policy_workers(cfg: PolicyConfig) -> int:
-    """Workers (and bundles) the policy takes: the data-parallel size for hf, the tensor-parallel
-    size for megatron."""
-    return cfg.megatron.tensor_model_parallel_size if cfg.backend == "megatron" else cfg.data_parallel_size
+    """Workers (and bundles) the policy takes: the data-parallel size for hf, the tensor- times the
+    pipeline-parallel size for megatron (one worker per model-parallel rank)."""
+    if cfg.backend == "megatron":
+        return cfg.megatron.tensor_model_parallel_size * cfg.megatron.pipeline_model_parallel_size
+    return cfg.data_parallel_size
 
 
 def check_backend(cfg: PolicyConfig, gpus_per_worker: float, gpus_found: int | None = None) -> None:
@@ -54,12 +56,18 @@ def check_backend(cfg: PolicyConfig, gpus_per_worker: float, gpus_found: int | N
             raise ConfigError(MCORE_MISSING)
         require_gpus("policy.backend=megatron", gpus_per_worker, gpus_found,
                      "megatron-core's forward pass runs on CUDA")
-    # One rank per worker (TP for megatron, DP for hf), each on a GPU of its own.
+    # One rank per worker (TP x PP for megatron, DP for hf), each on a GPU of its own.
     ranks = num_policy_workers(cfg)
     if ranks > 1 and 0 < gpus_per_worker < 1:
-        key = "megatron.tensor_model_parallel_size" if cfg.backend == "megatron" else "data_parallel_size"
-        raise ConfigError(f"policy.{key}={ranks} needs a whole GPU per rank, but cluster.gpus_per_worker="
-                          f"{gpus_per_worker:g}")
+        m = cfg.megatron
+        if cfg.backend == "megatron" and m.pipeline_model_parallel_size == 1:
+            what = f"policy.megatron.tensor_model_parallel_size={ranks}"
+        elif cfg.backend == "megatron":
+            what = (f"policy.megatron.tensor_model_parallel_size={m.tensor_model_parallel_size} x "
+                    f"pipeline_model_parallel_size={m.pipeline_model_parallel_size} ({ranks} ranks)")
+        else:
+            what = f"policy.data_parallel_size={ranks}"
+        raise ConfigError(f"{what} needs a whole GPU per rank, but cluster.gpus_per_worker={gpus_per_worker:g}")
 
 class Policy:
     """A policy in Ray actors placed on ``cluster`` bundles ``bundle_indices``.

@@ -42,13 +42,16 @@ WHO = "megatron engine (in place)"
 IN_PLACE = "in_place"
 
 
-def check_in_place(tensor_parallel_size: int, num_engines: int = 1, asynchronous: bool = False) -> None:
+def check_in_place(tensor_parallel_size: int, num_engines: int = 1, asynchronous: bool = False,
+                   pipeline_parallel_size: int = 1) -> None:
     """Refuse an in-place engine (``backends.serves_in_place``) this code does not serve.
 
     Args:
         tensor_parallel_size: ``policy.megatron.tensor_model_parallel_size``.
         num_engines: ``generation.num_workers`` (in place there is one: the policy's workers).
         asynchronous: the asynchronous GRPO loop asks.
+        pipeline_parallel_size: ``policy.megatron.pipeline_model_parallel_size`` (megatron's
+            inference loop over a pipeline of workers is not wired).
 
     Raises:
         ConfigError: one line naming the setting and what to set instead.
@@ -57,6 +60,9 @@ def check_in_place(tensor_parallel_size: int, num_engines: int = 1, asynchronous
     if tensor_parallel_size != 1:
         raise ConfigError(f"generation.backend=megatron in place (generation.colocated=true) serves "
                           f"policy.megatron.tensor_model_parallel_size=1 only, got {tensor_parallel_size}: {fix}")
+    if pipeline_parallel_size != 1:
+        raise ConfigError(f"generation.backend=megatron in place (generation.colocated=true) serves "
+                          f"policy.megatron.pipeline_model_parallel_size=1 only, got {pipeline_parallel_size}: {fix}")
     if num_engines != 1:
         raise ConfigError(f"generation.backend=megatron in place (generation.colocated=true) is one engine, the "
                           f"policy's own workers, got generation.num_workers={num_engines}: {fix}")

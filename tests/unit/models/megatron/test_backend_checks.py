@@ -56,9 +56,23 @@ def test_the_entry_point_refuses_context_parallelism_in_one_line(tmp_path) -> No
     assert len(lines) == 1 and "context_parallel_size=2 is not supported" in lines[0], lines
 
 
-def test_megatron_pipeline_parallelism_is_refused() -> None:
-    with pytest.raises(ValueError, match="pipeline_model_parallel_size=2 is not supported"):
-        PolicyConfig.model_validate({"megatron": {"pipeline_model_parallel_size": 2}})
+def test_pipeline_stages_take_a_worker_each_and_a_whole_gpu(monkeypatch) -> None:
+    """A Megatron policy of TP x PP ranks takes TP x PP workers (bundles); two or more ranks need
+    a whole GPU each, refused in one line naming both sizes before Ray starts."""
+    monkeypatch.setattr(lm_policy.importlib.util, "find_spec", lambda name: object())  # megatron "installed"
+    layout = PolicyConfig.model_validate({"backend": "megatron", "megatron": {"tensor_model_parallel_size": 2,
+                                                                              "pipeline_model_parallel_size": 3}})
+    assert num_policy_workers(layout) == 6
+    assert num_policy_workers(PolicyConfig.model_validate({"backend": "megatron",
+                                                           "megatron": {"pipeline_model_parallel_size": 2}})) == 2
+    assert num_policy_workers(PolicyConfig.model_validate({"megatron": {"pipeline_model_parallel_size": 2}})) == 1
+    with pytest.raises(ConfigError, match=re.escape(
+            "policy.megatron.tensor_model_parallel_size=2 x pipeline_model_parallel_size=3 (6 ranks) needs a whole "
+            "GPU per rank, but cluster.gpus_per_worker=0.5")):
+        check_backend(layout, gpus_per_worker=0.5, gpus_found=6)
+    check_backend(layout, gpus_per_worker=1.0, gpus_found=6)
+    with pytest.raises(ValueError, match="pipeline_model_parallel_size"):
+        PolicyConfig.model_validate({"megatron": {"pipeline_model_parallel_size": 0}})
 
 
 def test_hf_needs_nothing() -> None:
@@ -203,6 +217,7 @@ def test_a_colocated_megatron_engine_over_a_megatron_policy_takes_no_bundle_of_i
     ((2,), "tensor_model_parallel_size=1 only, got 2"),
     ((1, 2), "generation.num_workers=2"),
     ((1, 1, True), "async GRPO generates while it trains"),
+    ((1, 1, False, 2), "pipeline_model_parallel_size=1 only, got 2"),
 ])
 def test_an_in_place_engine_this_code_does_not_serve_is_refused_in_one_line(args, message) -> None:
     from posttrain.models.generation.megatron.in_place import check_in_place

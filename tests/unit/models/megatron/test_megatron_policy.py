@@ -224,26 +224,46 @@ def test_tensor_parallel_2_matches_the_hf_worker(ray_cluster, noisy_tiny) -> Non
     """Two Ray workers, one GPU each, one model split over them: the logprobs, a train step's
     metrics (grad norm included: each rank's shard counted once) and the gathered weights
     match the HF worker's."""
+    matches_the_hf_worker(noisy_tiny, tensor_parallel=2)
+
+
+@pytest.mark.gpu(2)
+def test_pipeline_parallel_2_matches_the_hf_worker(ray_cluster, noisy_tiny) -> None:
+    """Two pipeline stages (megatron-core's 1F1B schedule over two Ray workers, one GPU each):
+    the logprobs and reference logprobs (computed on the last stage, answered by rank 0, the
+    first), two optimizer steps of two micro-batches each (the loss's scale through the
+    schedule), the metrics (grad norm over both stages) and the weights gathered from both
+    stages (the tied output layer equal to the embedding: the embedding group's all-reduce ran)
+    match the HF worker's."""
+    matches_the_hf_worker(noisy_tiny, pipeline_parallel=2)
+
+
+def matches_the_hf_worker(model_path: str, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> None:
     from posttrain.distributed.ray_cluster import RayVirtualCluster
     from posttrain.models.policy.lm_policy import Policy
 
     kw = dict(lr=LR, train_global_batch_size=4, train_micro_batch_size=2, max_grad_norm=0.5)
-    hf = make_worker("hf", noisy_tiny, **kw)
-    cluster = RayVirtualCluster(2, num_cpus=1, num_gpus=1)
-    policy = Policy(cluster, noisy_tiny, worker_cfg("megatron", tensor_parallel=2, **kw), seed=0,
-                    bundle_indices=[0, 1])
+    hf = make_worker("hf", model_path, **kw)
+    ranks = tensor_parallel * pipeline_parallel
+    cluster = RayVirtualCluster(ranks, num_cpus=1, num_gpus=1)
+    cfg = worker_cfg("megatron", tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, **kw)
+    policy = Policy(cluster, model_path, cfg, seed=0, bundle_indices=list(range(ranks)))
     try:
         policy.wait_ready()
         batch = random_batch(hf.model.config.vocab_size)
         mask = batch.completion_mask.bool()
         assert (policy.get_logprobs(batch)[mask] - hf.get_logprobs(batch)[mask]).abs().max() <= 1e-5
         extra = grpo_extra(hf, batch)
-        logged_hf = hf.train(batch, extra, ClippedPGLoss())
-        logged_tp = policy.train(batch, extra, ClippedPGLoss()).metrics
-        for key, value in logged_hf.items():
-            assert logged_tp[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+        for call in range(2):
+            logged_hf = hf.train(batch, extra, ClippedPGLoss(kl_coef=0.1))
+            result = policy.train(batch, extra, ClippedPGLoss(kl_coef=0.1))
+            assert logged_hf.keys() == result.metrics.keys()
+            for key, value in logged_hf.items():
+                assert result.metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (call, key)
+            assert logged_hf["num_optimizer_steps"] == 2
+        got_ref = policy.get_logprobs(batch, reference=True)
+        assert (got_ref[mask] - hf.get_logprobs(batch, reference=True)[mask]).abs().max() <= 1e-5
         assert max_gap(hf.get_weights(), policy.get_weights()) <= 0.1 * LR
     finally:
         policy.shutdown()
         cluster.shutdown()
-
