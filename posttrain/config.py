@@ -64,22 +64,25 @@ class MegatronConfig(Section):
     pipeline_model_parallel_size: int = Field(
         1, ge=1, description="pipeline stages (policy workers: tensor x pipeline sizes); must divide the model's "
         "layers; trained with megatron-core's 1F1B schedule")
-    context_parallel_size: int = Field(1, ge=1, description="only 1: no sequence is split over GPUs yet")
+    context_parallel_size: int = Field(1, ge=1, description="only 1: megatron-core's context parallelism needs "
+                                       "Transformer Engine's attention, which the local layer spec lacks")
     sequence_parallel: bool = Field(
-        False, description="megatron's sequence parallelism over the tensor-parallel ranks (needs "
-        "tensor_model_parallel_size > 1); only false: not wired yet")
+        False, description="megatron's sequence parallelism over the tensor-parallel ranks; only false: "
+        "megatron-core's torch norms (the local layer spec, without Apex or Transformer Engine) refuse it")
 
     @model_validator(mode="after")
     def _layouts_not_built_yet(self) -> MegatronConfig:
         if self.context_parallel_size != 1:
-            raise ValueError(f"context_parallel_size={self.context_parallel_size} is not supported: the Megatron "
-                             "policy splits no sequence over GPUs yet (use 1)")
+            raise ValueError(f"context_parallel_size={self.context_parallel_size} is not supported: megatron-core "
+                             "splits attention over GPUs only with Transformer Engine's attention, and the Megatron "
+                             "policy's local layer spec has megatron's own (use 1)")
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             raise ValueError("sequence_parallel=true needs tensor_model_parallel_size > 1 (it splits the sequence "
                              "over the tensor-parallel ranks), got 1")
         if self.sequence_parallel:
-            raise ValueError("sequence_parallel=true is not supported yet: the Megatron policy does not wire it "
-                             "(use false)")
+            raise ValueError("sequence_parallel=true is not supported: megatron-core's torch norms, which the Megatron "
+                             "policy's local layer spec uses without Apex or Transformer Engine, refuse sequence "
+                             "parallelism (use false)")
         return self
 
 

@@ -620,7 +620,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("megatron_ranks_load_rank0_optimizer", "every tensor-parallel rank restores rank 0's optimizer shard (same "
            "shapes: no error, the other ranks' Adam moments are wrong)", MCORE_WORKER,
            (("OPTIMIZER_STATE.format(rank=self.rank)", "OPTIMIZER_STATE.format(rank=0)"),),
-           (f"{MCORE_RESUME}::test_each_tensor_parallel_rank_restores_its_own_optimizer_state",), klass="resume",
+           (f"{MCORE_RESUME}::test_each_tensor_parallel_rank_restores_its_own_optimizer_state[tp2]",), klass="resume",
            tier="mcore"),
     Mutant("lora_alpha_cast_to_int", "policy.lora.alpha is cast to int on its way to peft (peft annotates it int): "
            "1.5 scales the adapters as 1", LORA_LAYER,
@@ -1017,6 +1017,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "output layer on the last stage and the embedding on the first train apart", MCORE_WORKER,
            (("        finalize_model_grads([self.model])", "        pass"),),
            (f"{MCORE_TESTS}::test_pipeline_parallel_2_matches_the_hf_worker",), klass="megatron", tier="mcore"),
+    Mutant("sequence_parallel_accepted", "policy.megatron.sequence_parallel=true (with TP > 1) passes validation: the "
+           "workers then fail to start deep in megatron, or, with another norm, silently run without it",
+           "posttrain/config.py", (("        if self.sequence_parallel:\n", "        if False:\n"),),
+           ("tests/unit/models/megatron/test_backend_checks.py::"
+            "test_megatron_layouts_not_built_yet_are_refused_in_one_line",), klass="config"),
     # issue 33, the engine in place (models/generation/megatron/in_place.py)
     Mutant("in_place_engine_serves_unpublished_weights", "the in-place megatron engine generates between a train step "
            "and its refit: completions of weights no probe checked, labelled with the previous version",

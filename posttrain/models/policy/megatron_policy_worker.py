@@ -112,6 +112,18 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase, InPlaceEngineMixin):
         shard = hf_to_megatron(hf, self.shape, self.tp_rank, self.tp)
         return split_pipeline_stage(shard, self.shape, self.pp_rank, self.pp) if self.pp > 1 else shard
 
+    def model_layout(self) -> dict[str, Any]:
+        """Where this rank sits in the model, as megatron built it: ``tp_rank``, ``pp_rank``,
+        ``layers`` (the global layer indices of its stage), ``num_local_layers`` (megatron's
+        count of the layers it holds) and ``embedding`` / ``output_layer`` (whether it holds them)."""
+        from posttrain.models.megatron.model import unwrap
+
+        gpt = unwrap(self.model)
+        return {"tp_rank": self.tp_rank, "pp_rank": self.pp_rank,
+                "layers": list(stage_layers(self.shape, self.pp_rank, self.pp)),
+                "num_local_layers": len(gpt.decoder.layers), "embedding": bool(gpt.pre_process),
+                "output_layer": bool(gpt.post_process)}
+
     # -- the backend hooks of PolicyWorkerBase ------------------------------------------------
 
     def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:

@@ -35,11 +35,12 @@ def test_the_backend_is_hf_unless_asked_and_names_are_strict() -> None:
 
 
 @pytest.mark.parametrize(("megatron_keys", "message"), [
-    ({"context_parallel_size": 2}, "context_parallel_size=2 is not supported: the Megatron policy splits no "
-                                   "sequence over GPUs yet (use 1)"),
+    ({"context_parallel_size": 2}, "context_parallel_size=2 is not supported: megatron-core splits attention over "
+                                   "GPUs only with Transformer Engine's attention"),
     ({"sequence_parallel": True}, "sequence_parallel=true needs tensor_model_parallel_size > 1 (it splits the "
                                   "sequence over the tensor-parallel ranks), got 1"),
-    ({"sequence_parallel": True, "tensor_model_parallel_size": 2}, "sequence_parallel=true is not supported yet"),
+    ({"sequence_parallel": True, "tensor_model_parallel_size": 2}, "sequence_parallel=true is not supported: "
+                                                                   "megatron-core's torch norms"),
 ])
 def test_megatron_layouts_not_built_yet_are_refused_in_one_line(megatron_keys, message) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):

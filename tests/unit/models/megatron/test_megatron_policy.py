@@ -224,7 +224,8 @@ def test_tensor_parallel_2_matches_the_hf_worker(ray_cluster, noisy_tiny) -> Non
     """Two Ray workers, one GPU each, one model split over them: the logprobs, a train step's
     metrics (grad norm included: each rank's shard counted once) and the gathered weights
     match the HF worker's."""
-    matches_the_hf_worker(noisy_tiny, tensor_parallel=2)
+    layout = matches_the_hf_worker(noisy_tiny, tensor_parallel=2)
+    assert [(r["tp_rank"], r["pp_rank"], r["num_local_layers"]) for r in layout] == [(0, 0, 4), (1, 0, 4)]
 
 
 @pytest.mark.gpu(2)
@@ -234,11 +235,16 @@ def test_pipeline_parallel_2_matches_the_hf_worker(ray_cluster, noisy_tiny) -> N
     first), two optimizer steps of two micro-batches each (the loss's scale through the
     schedule), the metrics (grad norm over both stages) and the weights gathered from both
     stages (the tied output layer equal to the embedding: the embedding group's all-reduce ran)
-    match the HF worker's."""
-    matches_the_hf_worker(noisy_tiny, pipeline_parallel=2)
+    match the HF worker's; each stage holds its half of the 4 layers."""
+    layout = matches_the_hf_worker(noisy_tiny, pipeline_parallel=2)
+    assert [(r["pp_rank"], r["layers"], r["num_local_layers"], r["embedding"], r["output_layer"]) for r in layout] == [
+        (0, [0, 1], 2, True, False), (1, [2, 3], 2, False, True)]
 
 
-def matches_the_hf_worker(model_path: str, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> None:
+def matches_the_hf_worker(model_path: str, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> list[dict]:
+    """Logprobs, reference logprobs, two train calls' metrics and the weights of a Megatron
+    policy of this layout (Ray workers, a GPU each) against the HF worker's; returns each
+    rank's ``model_layout``."""
     from posttrain.distributed.ray_cluster import RayVirtualCluster
     from posttrain.models.policy.lm_policy import Policy
 
@@ -264,6 +270,7 @@ def matches_the_hf_worker(model_path: str, tensor_parallel: int = 1, pipeline_pa
         got_ref = policy.get_logprobs(batch, reference=True)
         assert (got_ref[mask] - hf.get_logprobs(batch, reference=True)[mask]).abs().max() <= 1e-5
         assert max_gap(hf.get_weights(), policy.get_weights()) <= 0.1 * LR
+        return policy.group.run_all("model_layout")
     finally:
         policy.shutdown()
         cluster.shutdown()

@@ -45,15 +45,18 @@ def _max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 @pytest.mark.gpu(2)
-def test_each_tensor_parallel_rank_restores_its_own_optimizer_state(ray_cluster, tiny_model_path, tmp_path) -> None:
-    """Two steps, a checkpoint, two more steps: a TP=2 policy that loads the checkpoint takes
-    the same two steps (metrics and gathered weights), so both ranks' Adam moments and the
-    warmup position came back, each rank's its own."""
+@pytest.mark.parametrize(("tensor_parallel", "pipeline_parallel"), [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def test_each_tensor_parallel_rank_restores_its_own_optimizer_state(ray_cluster, tiny_model_path, tmp_path,
+                                                                     tensor_parallel, pipeline_parallel) -> None:
+    """Two steps, a checkpoint, two more steps: a policy of two ranks (two tensor-parallel
+    shards, or two pipeline stages) that loads the checkpoint takes the same two steps (metrics
+    and gathered weights), so both ranks' Adam moments and the warmup position came back, each
+    rank's its own."""
     from posttrain.distributed.ray_cluster import RayVirtualCluster
     from posttrain.models.policy.lm_policy import Policy
 
-    cfg = worker_cfg("megatron", tensor_parallel=2, lr=1e-2, warmup_steps=3, train_global_batch_size=2,
-                     train_micro_batch_size=1)
+    cfg = worker_cfg("megatron", tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, lr=1e-2,
+                     warmup_steps=3, train_global_batch_size=2, train_micro_batch_size=1)
     ckpt = str(tmp_path / "ckpt")
     results = []
     for resume in (False, True):  # one policy at a time: each takes both GPUs
