@@ -689,7 +689,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "the ratio's denominator is bf16-rounded, the first ratio is not 1",
            "posttrain/models/policy/base_policy_worker.py",
            (("forward_old.append(logprobs.detach())",
-             "forward_old.append(logprobs.detach().to(torch.bfloat16).float())"),),
+             "forward_old.append(logprobs.detach().to(torch.bfloat16))"),),
            (f"{PRECISION_TESTS}::test_the_loss_math_runs_in_fp32_on_a_bf16_models_logits",), klass="precision"),
     Mutant("probe_bound_fp32_loose", "the fp32 probe bound is 0.05: an engine a whole (small) step behind passes",
            "posttrain/weight_sync/probe.py", (('"fp32": 1e-3,', '"fp32": 0.05,'),),
