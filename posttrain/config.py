@@ -149,6 +149,10 @@ class PolicyConfig(Section):
         0, ge=0, description="hf backend: score logprobs and entropy from the final hidden states and the output "
         "layer this many completion tokens at a time (each chunk recomputed in the backward pass), so the [B, S, V] "
         "logits never exist at once: the largest activation of a step at a large vocabulary; 0: the full logits")
+    sequence_packing: bool = Field(
+        False, description="hf backend: each forward pass runs on the rows' real tokens laid end to end in one "
+        "row (position ids restart per sequence; transformers keeps attention within each sequence): no compute "
+        "on padding; the loss, micro-batches and metrics are unchanged")
     num_threads: int = Field(1, ge=1, description="torch CPU threads of the worker")
     data_parallel_size: int = Field(
         1, ge=1, description="hf backend: policy workers, each training on its share of every global batch (torch "
@@ -190,6 +194,16 @@ class PolicyConfig(Section):
                           "model's forward, which the chunks bypass)" if self.data_parallel_size > 1 else None)
             if other:
                 raise ValueError(f"logprob_chunk_tokens={n} cannot be combined with {other}")
+        return self
+
+    @model_validator(mode="after")
+    def _packing_on_hf_only(self) -> PolicyConfig:
+        if self.sequence_packing and self.backend != "hf":
+            raise ValueError(f"sequence_packing=true needs backend=hf, got backend={self.backend} (megatron-core packs "
+                             "sequences only with Transformer Engine's attention, which the local layer spec lacks)")
+        if self.sequence_packing and self.compile:
+            raise ValueError("sequence_packing=true cannot be combined with compile=true (every packed length is a "
+                             "new shape for the compiler)")
         return self
 
     @model_validator(mode="after")

@@ -702,6 +702,8 @@ PROVEN_ELSEWHERE: dict[str, str] = {
     "policy.compile": "tests/unit/models/policy/test_compile.py::"
                       "test_policy_compile_compiles_the_trained_models_forward",
     # likewise: the worker test varies the key and compares both scorings (and the refusals)
+    "policy.sequence_packing": "tests/unit/models/policy/test_sequence_packing.py::"
+                               "test_a_packing_worker_scores_and_trains_as_the_padded_worker",
     "policy.logprob_chunk_tokens": "tests/unit/models/policy/test_logprob_chunks.py::"
                                    "test_a_chunked_worker_scores_and_trains_as_the_full_logits_worker",
     "generation.refit_transport": BROADCAST + "test_refit_transport_object_store_sends_no_broadcast",

@@ -1022,6 +1022,18 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/config.py", (("        if self.sequence_parallel:\n", "        if False:\n"),),
            ("tests/unit/models/megatron/test_backend_checks.py::"
             "test_megatron_layouts_not_built_yet_are_refused_in_one_line",), klass="config"),
+    # issue 35: sequence packing (data/packing.py, the HF worker)
+    Mutant("packed_attention_leaks_across_sequences", "packed position ids run on across sequences: transformers "
+           "sees one long sequence and every packed row attends to the rows before it", "posttrain/data/packing.py",
+           (("cols[None], rows, cols,", "torch.arange(cols.numel())[None], rows, cols,"),),
+           ("tests/unit/models/policy/test_sequence_packing.py::"
+            "test_a_packing_worker_scores_and_trains_as_the_padded_worker",), klass="training"),
+    Mutant("packed_forward_keeps_the_kv_cache", "the packed forward runs with transformers' default KV cache, "
+           "which turns its packed-sequence detection off: the attention leaks across sequences without a word",
+           "posttrain/models/policy/hf_policy_worker.py",
+           (("position_ids=packed.position_ids, use_cache=False)", "position_ids=packed.position_ids)"),),
+           ("tests/unit/models/policy/test_sequence_packing.py::"
+            "test_a_packing_worker_scores_and_trains_as_the_padded_worker",), klass="training"),
     # issue 33, the engine in place (models/generation/megatron/in_place.py)
     Mutant("in_place_engine_serves_unpublished_weights", "the in-place megatron engine generates between a train step "
            "and its refit: completions of weights no probe checked, labelled with the previous version",

@@ -19,6 +19,7 @@ import torch
 
 from posttrain.config import PolicyWorkerConfig, engine_dtype
 from posttrain.data.batch import TokenBatch
+from posttrain.data.packing import pack_rows, unpack
 from posttrain.errors import ConfigError
 from posttrain.models.policy import lora
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
@@ -201,9 +202,21 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         # bf16-mixed: bf16 matmuls over the fp32 master weights (autocast casts per op).
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16-mixed")
 
-    def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+    def _run(self, module: Any, batch: TokenBatch) -> Any:
+        """``module`` (the model or its decoder) on ``batch``: padded rows with their attention
+        mask, or, with ``policy.sequence_packing``, the rows' real tokens packed into one row
+        with per-sequence position ids (``data.packing``); returns ``(output, packed or None)``."""
         with self._autocast():
-            return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, S, V]
+            if not self.cfg.sequence_packing:
+                return module(input_ids=batch.input_ids, attention_mask=batch.attention_mask), None
+            packed = pack_rows(batch)
+            # use_cache=False: with a KV cache object (made by default) transformers does not look
+            # for packed sequences, and the attention runs on across them without a word
+            return module(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False), packed
+
+    def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+        out, packed = self._run(model, batch)
+        return out.logits if packed is None else unpack(out.logits, packed)  # [B, S, V]
 
     def _completion_logprobs(self, model: torch.nn.Module, batch: TokenBatch, top_k: int, top_p: float,
                              with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -214,9 +227,8 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         # then the output layer a chunk of tokens at a time: the [B, S, V] logits never exist.
         width, seq_len = batch.completion_mask.shape[1], batch.input_ids.shape[1]
         targets = batch.input_ids.gather(1, completion_positions(batch.prompt_lens, width, seq_len))  # [B, L]
-        with self._autocast():
-            decoder = model.get_decoder()  # type: ignore[operator]
-            hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+        out, packed = self._run(model.get_decoder(), batch)  # type: ignore[operator]
+        hidden = out.last_hidden_state if packed is None else unpack(out.last_hidden_state, packed)  # [B, S, H]
         head = model.get_output_embeddings()  # type: ignore[operator]
         compute_dtype = torch.bfloat16 if self.precision == "bf16-mixed" else None  # as autocast's lm_head
         return chunked_completion_logprobs(completion_logits(hidden, batch.prompt_lens, width), head.weight, targets,
