@@ -151,8 +151,9 @@ class PolicyConfig(Section):
         "logits never exist at once: the largest activation of a step at a large vocabulary; 0: the full logits")
     sequence_packing: bool = Field(
         False, description="hf backend: each forward pass runs on the rows' real tokens laid end to end in one "
-        "row (position ids restart per sequence; transformers keeps attention within each sequence): no compute "
-        "on padding; the loss, micro-batches and metrics are unchanged")
+        "row (position ids restart per sequence; transformers keeps attention within each sequence), and the output "
+        "layer on the completion tokens only: no compute on padding; the loss, micro-batches and metrics are "
+        "unchanged. Attention over the packed row costs its length squared with sdpa's dense mask (CPU)")
     num_threads: int = Field(1, ge=1, description="torch CPU threads of the worker")
     data_parallel_size: int = Field(
         1, ge=1, description="hf backend: policy workers, each training on its share of every global batch (torch "
@@ -204,6 +205,10 @@ class PolicyConfig(Section):
         if self.sequence_packing and self.compile:
             raise ValueError("sequence_packing=true cannot be combined with compile=true (every packed length is a "
                              "new shape for the compiler)")
+        if self.sequence_packing and self.data_parallel_size > 1:
+            raise ValueError(f"sequence_packing=true cannot be combined with data_parallel_size="
+                             f"{self.data_parallel_size} (it scores from the output layer's weight, which FSDP2 "
+                             "gathers only in the model's forward)")
         return self
 
     @model_validator(mode="after")

@@ -99,7 +99,7 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         self.param_dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
         # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.param_dtype).to(self.device)  # type: ignore[arg-type]
-        if cfg.logprob_chunk_tokens:
+        if cfg.logprob_chunk_tokens or cfg.sequence_packing:  # both score from the output layer's weight
             check_plain_output_layer(self.model)
         self.use_lora = cfg.lora.rank > 0
         if self.use_lora:
@@ -215,17 +215,19 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
             return module(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False), packed
 
     def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
-        out, packed = self._run(model, batch)
-        return out.logits if packed is None else unpack(out.logits, packed)  # [B, S, V]
+        with self._autocast():
+            return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, S, V]
 
     def _completion_logprobs(self, model: torch.nn.Module, batch: TokenBatch, top_k: int, top_p: float,
                              with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        chunk = self.cfg.logprob_chunk_tokens
+        width, seq_len = batch.completion_mask.shape[1], batch.input_ids.shape[1]
+        # with packing and no chunk size: the completion tokens in one chunk (the output layer on
+        # them only, never on prompt or padding positions)
+        chunk = self.cfg.logprob_chunk_tokens or (len(batch) * width if self.cfg.sequence_packing else 0)
         if not chunk:
             return super()._completion_logprobs(model, batch, top_k, top_p, with_entropy)
         # The decoder's final hidden states at the positions that predict the completion tokens,
         # then the output layer a chunk of tokens at a time: the [B, S, V] logits never exist.
-        width, seq_len = batch.completion_mask.shape[1], batch.input_ids.shape[1]
         targets = batch.input_ids.gather(1, completion_positions(batch.prompt_lens, width, seq_len))  # [B, L]
         out, packed = self._run(model.get_decoder(), batch)  # type: ignore[operator]
         hidden = out.last_hidden_state if packed is None else unpack(out.last_hidden_state, packed)  # [B, S, H]

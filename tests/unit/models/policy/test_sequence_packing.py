@@ -110,7 +110,7 @@ def test_pack_and_unpack_round_trip_with_per_sequence_positions() -> None:
         pack_rows(left_padded)
 
 
-@pytest.mark.parametrize("chunk", [0, 3], ids=["full-logits", "chunked"])
+@pytest.mark.parametrize("chunk", [0, 3], ids=["one-chunk", "chunked"])
 @pytest.mark.parametrize("backend", ["hf", "lora"])
 @pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(1.0, 0, 1.0), (0.7, 6, 0.9)])
 def test_a_packing_worker_scores_and_trains_as_the_padded_worker(tiny_model_path, backend, temperature, top_k, top_p,
@@ -127,6 +127,7 @@ def test_a_packing_worker_scores_and_trains_as_the_padded_worker(tiny_model_path
 @pytest.mark.parametrize(("keys", "other"), [
     ({"backend": "megatron"}, "needs backend=hf, got backend=megatron"),
     ({"compile": True}, "cannot be combined with compile=true"),
+    ({"data_parallel_size": 2}, "cannot be combined with data_parallel_size=2"),
 ])
 def test_what_packing_cannot_serve_is_refused_in_one_line(keys, other) -> None:
     overrides = [f"policy.{key}={str(value).lower()}" for key, value in keys.items()]
