@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 import torch
 from harness.policy_backends import make_worker
+from harness.worker_parity import distance, mixed_batch, rel
 
 from posttrain.algorithms.grpo_config import GRPOMasterConfig
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.config import load_config
-from posttrain.data.batch import make_batch
 from posttrain.errors import ConfigError
 from posttrain.models.policy.hf_policy_worker import check_plain_output_layer
 
@@ -38,23 +38,6 @@ from posttrain.models.policy.hf_policy_worker import check_plain_output_layer
 # parity tests judge a step the same way, data_parallel_jobs.assert_same_step)
 GRPO_YAML = str(Path(__file__).resolve().parents[4] / "examples" / "configs" / "grpo_arithmetic.yaml")
 POLICY = dict(lr=1e-2, train_global_batch_size=8, train_micro_batch_size=2)
-
-
-def batch_of(vocab: int, rows: int = 8, seed: int = 0):
-    """Right-padded rows: prompts of 2..7 tokens, completions of 1..6 (ids 2..vocab-1)."""
-    g = torch.Generator().manual_seed(seed)
-    prompt_lens, completion_lens = torch.randint(2, 8, (rows,), generator=g), torch.randint(1, 7, (rows,), generator=g)
-    prompts = [torch.randint(2, vocab, (int(n),), generator=g).tolist() for n in prompt_lens]
-    comps = [torch.randint(2, vocab, (int(n),), generator=g).tolist() for n in completion_lens]
-    return make_batch(prompts, comps, pad_id=0)
-
-
-def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return sum(((a[k].double() - b[k].double()) ** 2).sum().item() for k in a) ** 0.5
-
-
-def rel(got: torch.Tensor, want: torch.Tensor, mask: torch.Tensor) -> float:
-    return ((got - want)[mask].norm() / want[mask].norm()).item()
 
 
 @pytest.mark.parametrize("backend", ["hf", "lora"])
@@ -69,7 +52,7 @@ def test_a_chunked_worker_scores_and_trains_as_the_full_logits_worker(tiny_model
     for name, w in (("full", full), ("chunked", chunked)):
         w.model.get_output_embeddings().register_forward_hook(
             lambda *_, key=name: head_calls.__setitem__(key, head_calls[key] + 1))
-    batch = batch_of(full.model.config.vocab_size)
+    batch = mixed_batch(full.model.config.vocab_size)
     mask = batch.completion_mask.bool()
     before = full.get_weights()
     old = full.get_logprobs(batch)
@@ -97,7 +80,7 @@ def test_under_bf16_mixed_the_chunks_multiply_in_bf16_as_autocast_does(tiny_mode
     AMD EPYC, 2 cores; mutant ``logprob_chunks_in_fp32_under_bf16_mixed``."""
     full, chunked = (make_worker("hf", tiny_model_path, precision="bf16-mixed", logprob_chunk_tokens=n, **POLICY)
                      for n in (0, 3))
-    batch = batch_of(full.model.config.vocab_size)
+    batch = mixed_batch(full.model.config.vocab_size)
     mask = batch.completion_mask.bool()
     before = full.get_weights()
     old = full.get_logprobs(batch)

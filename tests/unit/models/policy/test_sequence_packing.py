@@ -31,7 +31,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness import worker_parity
 from harness.policy_backends import make_worker
+from harness.worker_parity import distance, rel
 
 from posttrain.algorithms.grpo_config import GRPOMasterConfig
 from posttrain.algorithms.loss_functions import ClippedPGLoss
@@ -46,21 +48,9 @@ GRPO_YAML = str(Path(__file__).resolve().parents[4] / "examples" / "configs" / "
 POLICY = dict(lr=1e-2, train_global_batch_size=8, train_micro_batch_size=2)
 
 
-def mixed_batch(vocab: int, rows: int = 8, seed: int = 0):
-    """Right-padded rows: prompts of 1..9 tokens, completions of 1..8 (ids 2..vocab-1)."""
-    g = torch.Generator().manual_seed(seed)
-    prompt_lens, completion_lens = torch.randint(1, 10, (rows,), generator=g), torch.randint(1, 9, (rows,), generator=g)
-    prompts = [torch.randint(2, vocab, (int(n),), generator=g).tolist() for n in prompt_lens]
-    comps = [torch.randint(2, vocab, (int(n),), generator=g).tolist() for n in completion_lens]
-    return make_batch(prompts, comps, pad_id=0)
-
-
-def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return sum(((a[k].double() - b[k].double()) ** 2).sum().item() for k in a) ** 0.5
-
-
-def rel(got: torch.Tensor, want: torch.Tensor, mask: torch.Tensor) -> float:
-    return ((got - want)[mask].norm() / want[mask].norm()).item()
+def mixed_batch(vocab: int, seed: int = 0):
+    """Right-padded rows: prompts of 1..9 tokens, completions of 1..8."""
+    return worker_parity.mixed_batch(vocab, seed=seed, prompt_lens=(1, 10), completion_lens=(1, 9))
 
 
 def compare(model_path: str, backend: str, temperature: float, top_k: int, top_p: float, chunk: int,
