@@ -468,7 +468,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("logprob_chunk_tokens_ignored", "policy.logprob_chunk_tokens is read by nobody: the worker builds the full "
            "[B, S, V] logits anyway (the memory the key exists to save)",
            "posttrain/models/policy/hf_policy_worker.py",
-           (("        chunk = self.cfg.logprob_chunk_tokens\n", "        chunk = 0\n"),),
+           (("chunk = self.cfg.logprob_chunk_tokens or (", "chunk = 0 or ("),),
            ("tests/unit/models/policy/test_logprob_chunks.py",), klass="config"),
     Mutant("logprob_chunk_scores_the_previous_token", "each chunk of the chunked logprobs scores every position "
            "against the token before its own",
