@@ -186,29 +186,22 @@ class PolicyConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _chunked_logprobs_on_plain_hf_only(self) -> PolicyConfig:
-        n = self.logprob_chunk_tokens
-        if n > 0:
-            other = ("backend=megatron (its logits come from megatron-core's output layer)" if self.backend != "hf"
-                     else "compile=true (the chunks bypass the compiled forward)" if self.compile
-                     else f"data_parallel_size={self.data_parallel_size} (FSDP2 gathers the output layer in the "
-                          "model's forward, which the chunks bypass)" if self.data_parallel_size > 1 else None)
+    def _output_layer_scoring_on_plain_hf_only(self) -> PolicyConfig:
+        # logprob_chunk_tokens and sequence_packing both run the decoder, then the output layer's
+        # weight outside the model's forward (ops.chunked_completion_logprobs)
+        for key, on, megatron_why in (
+            (f"logprob_chunk_tokens={self.logprob_chunk_tokens}", self.logprob_chunk_tokens > 0,
+             "its logits come from megatron-core's output layer"),
+            ("sequence_packing=true", self.sequence_packing,
+             "megatron-core packs sequences only with Transformer Engine's attention"),
+        ):
+            other = None if not on else (
+                f"backend=megatron ({megatron_why})" if self.backend != "hf"
+                else "compile=true (the output layer runs outside the compiled forward)" if self.compile
+                else f"data_parallel_size={self.data_parallel_size} (FSDP2 gathers the output layer only in the "
+                     "model's forward)" if self.data_parallel_size > 1 else None)
             if other:
-                raise ValueError(f"logprob_chunk_tokens={n} cannot be combined with {other}")
-        return self
-
-    @model_validator(mode="after")
-    def _packing_on_hf_only(self) -> PolicyConfig:
-        if self.sequence_packing and self.backend != "hf":
-            raise ValueError(f"sequence_packing=true needs backend=hf, got backend={self.backend} (megatron-core packs "
-                             "sequences only with Transformer Engine's attention, which the local layer spec lacks)")
-        if self.sequence_packing and self.compile:
-            raise ValueError("sequence_packing=true cannot be combined with compile=true (every packed length is a "
-                             "new shape for the compiler)")
-        if self.sequence_packing and self.data_parallel_size > 1:
-            raise ValueError(f"sequence_packing=true cannot be combined with data_parallel_size="
-                             f"{self.data_parallel_size} (it scores from the output layer's weight, which FSDP2 "
-                             "gathers only in the model's forward)")
+                raise ValueError(f"{key} cannot be combined with {other}")
         return self
 
     @model_validator(mode="after")

@@ -29,10 +29,11 @@ from posttrain.utils.checkpoint import atomic_dir
 from posttrain.weight_sync.transport import tensor_identity
 
 
-def check_plain_output_layer(model: torch.nn.Module) -> None:
-    """Refuse ``policy.logprob_chunk_tokens`` for a model whose logits are not ``hidden @ W.T``
-    (an output layer with a bias, or logit soft-capping / scaling in the model's forward), which
-    the chunked scoring (``ops.chunked_completion_logprobs``) would silently leave out.
+def check_plain_output_layer(model: torch.nn.Module, key: str = "policy.logprob_chunk_tokens") -> None:
+    """Refuse ``key`` (``policy.logprob_chunk_tokens`` or ``policy.sequence_packing``: both score
+    from the output layer's weight) for a model whose logits are not ``hidden @ W.T`` (an output
+    layer with a bias, or logit soft-capping / scaling in the model's forward), which the chunked
+    scoring (``ops.chunked_completion_logprobs``) would silently leave out.
 
     Raises:
         ConfigError: naming the model's class and what it has.
@@ -43,7 +44,7 @@ def check_plain_output_layer(model: torch.nn.Module) -> None:
                         for key in ("final_logit_softcapping", "logit_scale")
                         if getattr(model.config, key, None) not in (None, 1.0)), None))
     if head is None or extra:
-        raise ConfigError(f"policy.logprob_chunk_tokens needs logits = hidden @ W.T, but {type(model).__name__} has "
+        raise ConfigError(f"{key} needs logits = hidden @ W.T, but {type(model).__name__} has "
                           f"{extra or 'no output layer'}")
 
 class HfPolicyWorkerImpl(PolicyWorkerBase):
@@ -100,7 +101,8 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.param_dtype).to(self.device)  # type: ignore[arg-type]
         if cfg.logprob_chunk_tokens or cfg.sequence_packing:  # both score from the output layer's weight
-            check_plain_output_layer(self.model)
+            check_plain_output_layer(self.model, "policy.logprob_chunk_tokens" if cfg.logprob_chunk_tokens
+                                     else "policy.sequence_packing")
         self.use_lora = cfg.lora.rank > 0
         if self.use_lora:
             self.model = lora.apply_lora(self.model, cfg.lora)
@@ -215,8 +217,8 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
             return module(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False), packed
 
     def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
-        with self._autocast():
-            return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, S, V]
+        out, packed = self._run(model, batch)
+        return out.logits if packed is None else unpack(out.logits, packed)  # [B, S, V]
 
     def _completion_logprobs(self, model: torch.nn.Module, batch: TokenBatch, top_k: int, top_p: float,
                              with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -195,22 +195,22 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase, InPlaceEngineMixin):
         """The base class's micro-batch loop, as megatron-core's schedule runs it: the same
         :meth:`_micro_loss` per micro-batch on the last stage; its metrics and the forward's old
         logprobs reach every stage."""
-        kept: list[torch.Tensor] | None = [] if forward_old is not None else None
+        start = len(forward_old) if forward_old is not None else 0
 
         def reduce(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
             logprobs, entropy = self._logprobs_from_logits(logits, mb.batch, self.cfg.top_k, self.cfg.top_p, True)
-            loss, metrics = self._micro_loss(mb, logprobs, entropy, loss_fn, num_tokens, kept)
+            loss, metrics = self._micro_loss(mb, logprobs, entropy, loss_fn, num_tokens, forward_old)
             return loss * self.gradient_scale, metrics
 
         outputs = self._schedule(self.model, micro, forward_only=False, reduce=reduce)
         step_metrics: Metrics = {}
         for metrics in outputs:  # the last stage's; [] on the others
             reduce_metrics(step_metrics, metrics)
-        if self.pp > 1:
-            step_metrics, old = self._from_last_stage((step_metrics, None if kept is None else [t.cpu() for t in kept]))
-            kept = None if old is None else [t.to(self.device) for t in old]
-        if forward_old is not None and kept is not None:
-            forward_old.extend(kept)
+        if self.pp > 1:  # what the last stage computed, on every stage
+            old = None if forward_old is None else [t.cpu() for t in forward_old[start:]]
+            step_metrics, old = self._from_last_stage((step_metrics, old))
+            if forward_old is not None:
+                forward_old[start:] = [t.to(self.device) for t in old]
         return step_metrics
 
     def _zero_grad(self) -> None:
@@ -245,22 +245,20 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase, InPlaceEngineMixin):
         import torch.distributed as dist
         from megatron.core import parallel_state
 
-        local = local_state(self.model)
-        if self.tp == 1 and self.pp == 1:
-            return megatron_to_hf([{k: v.detach().cpu().clone() for k, v in local.items()}], self.shape)
         shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.tp)]
-        for name, tensor in local.items():
-            if self.tp == 1:
-                shards[0][name] = tensor.detach().cpu().clone()
-                continue
-            parts = [torch.empty_like(tensor) for _ in range(self.tp)]
-            dist.all_gather(parts, tensor.detach().contiguous(), group=parallel_state.get_tensor_model_parallel_group())
+        for name, tensor in local_state(self.model).items():
+            parts = [tensor.detach().clone()]
+            if self.tp > 1:
+                parts = [torch.empty_like(tensor) for _ in range(self.tp)]
+                dist.all_gather(parts, tensor.detach().contiguous(),
+                                group=parallel_state.get_tensor_model_parallel_group())
             for r, part in enumerate(parts):
                 shards[r][name] = part.cpu()
         if self.pp > 1:  # stages[s][r]: stage s, tensor-parallel rank r
             stages: list[Any] = [None] * self.pp
             dist.all_gather_object(stages, shards, group=parallel_state.get_pipeline_model_parallel_group())
-            shards = [merge_pipeline_stages([stage[r] for stage in stages], self.shape) for r in range(self.tp)]
+            if self.rank == 0:  # only rank 0 answers: the others skip the merge
+                shards = [merge_pipeline_stages([stage[r] for stage in stages], self.shape) for r in range(self.tp)]
         return megatron_to_hf(shards, self.shape) if self.rank == 0 else {}
 
     def get_weights(self) -> dict[str, torch.Tensor]:

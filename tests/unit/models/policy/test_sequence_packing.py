@@ -116,7 +116,7 @@ def test_a_packing_worker_scores_and_trains_as_the_padded_worker(tiny_model_path
 
 
 @pytest.mark.parametrize(("keys", "other"), [
-    ({"backend": "megatron"}, "needs backend=hf, got backend=megatron"),
+    ({"backend": "megatron"}, "cannot be combined with backend=megatron"),
     ({"compile": True}, "cannot be combined with compile=true"),
     ({"data_parallel_size": 2}, "cannot be combined with data_parallel_size=2"),
 ])
@@ -126,3 +126,16 @@ def test_what_packing_cannot_serve_is_refused_in_one_line(keys, other) -> None:
         load_config(GRPO_YAML, ["policy.sequence_packing=true", *overrides], GRPOMasterConfig)
     assert "\n" not in str(err.value)
     load_config(GRPO_YAML, ["policy.sequence_packing=false", *overrides], GRPOMasterConfig)
+
+
+def test_a_model_whose_logits_are_not_hidden_times_the_output_layer_is_refused_naming_packing(
+        tiny_model_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.models.policy.hf_policy_worker import check_plain_output_layer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    model.config.final_logit_softcapping = 30.0
+    with pytest.raises(ConfigError, match=r"^policy.sequence_packing needs logits = hidden @ W.T, but "
+                                          r"Qwen2ForCausalLM has config.final_logit_softcapping=30.0$"):
+        check_plain_output_layer(model, "policy.sequence_packing")
