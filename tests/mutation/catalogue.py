@@ -1028,6 +1028,12 @@ MUTANTS: tuple[Mutant, ...] = (
            (("cols[None], rows, cols,", "torch.arange(cols.numel())[None], rows, cols,"),),
            ("tests/unit/models/policy/test_sequence_packing.py::"
             "test_a_packing_worker_scores_and_trains_as_the_padded_worker",), klass="training"),
+    Mutant("output_layer_scoring_refusals_dropped", "chunked logprobs or packing with megatron, compile or FSDP2 "
+           "pass validation: the run then scores from a weight those paths never apply (or FSDP2 never gathered)",
+           "posttrain/config.py", (("            if other:\n                raise ValueError(f\"{key} cannot be",
+                                    "            if False:\n                raise ValueError(f\"{key} cannot be"),),
+           ("tests/unit/models/policy/test_logprob_chunks.py::"
+            "test_what_output_layer_scoring_cannot_serve_is_refused_in_one_line",), klass="config"),
     Mutant("packed_forward_keeps_the_kv_cache", "the packed forward runs with transformers' default KV cache, "
            "which turns its packed-sequence detection off: the attention leaks across sequences without a word",
            "posttrain/models/policy/hf_policy_worker.py",

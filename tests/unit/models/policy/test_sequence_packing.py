@@ -4,7 +4,8 @@ attention inside each sequence) scores and trains as the worker on padded rows: 
 the reference's logprobs, a train call's metrics (one optimizer step over four micro-batches)
 and the weights after it; plain and LoRA, with temperature, top-k and top-p, and with
 chunked logprobs. Rows of mixed lengths (prompts 1-9 tokens, completions 1-8), so most of a
-padded batch is padding.
+padded batch is padding. The settings packing cannot serve share one validator, and one test, with
+chunked logprobs (``test_logprob_chunks.py``).
 
 Bounds and the worst of 48 cases (seeds 0-5 x plain/LoRA x two sampling settings x chunked or
 not; AMD EPYC, 2 cores, fp32; ``.calib``-style sweep of ``compare`` below, Nov 27):
@@ -27,22 +28,17 @@ by O(1).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from harness import worker_parity
 from harness.policy_backends import make_worker
 from harness.worker_parity import distance, rel
 
-from posttrain.algorithms.grpo_config import GRPOMasterConfig
 from posttrain.algorithms.loss_functions import ClippedPGLoss
-from posttrain.config import load_config
 from posttrain.data.batch import make_batch
 from posttrain.data.packing import pack_rows, unpack
 from posttrain.errors import ConfigError
 
-GRPO_YAML = str(Path(__file__).resolve().parents[4] / "examples" / "configs" / "grpo_arithmetic.yaml")
 # one optimizer step over 4 micro-batches (as test_logprob_chunks: Adam's first step is lr * sign(g)
 # where a gradient is ~0, so later steps compound rounding; at lr 1e-2 four steps drifted 2e-3)
 POLICY = dict(lr=1e-2, train_global_batch_size=8, train_micro_batch_size=2)
@@ -113,19 +109,6 @@ def test_a_packing_worker_scores_and_trains_as_the_padded_worker(tiny_model_path
     assert got["logprobs"] <= 1e-5 and got["reference"] <= 1e-5, got
     assert got["metrics"] <= 1e-5, got
     assert got["weights"] <= 5e-3, got
-
-
-@pytest.mark.parametrize(("keys", "other"), [
-    ({"backend": "megatron"}, "cannot be combined with backend=megatron"),
-    ({"compile": True}, "cannot be combined with compile=true"),
-    ({"data_parallel_size": 2}, "cannot be combined with data_parallel_size=2"),
-])
-def test_what_packing_cannot_serve_is_refused_in_one_line(keys, other) -> None:
-    overrides = [f"policy.{key}={str(value).lower()}" for key, value in keys.items()]
-    with pytest.raises(ConfigError, match=rf"sequence_packing=true {other}") as err:
-        load_config(GRPO_YAML, ["policy.sequence_packing=true", *overrides], GRPOMasterConfig)
-    assert "\n" not in str(err.value)
-    load_config(GRPO_YAML, ["policy.sequence_packing=false", *overrides], GRPOMasterConfig)
 
 
 def test_a_model_whose_logits_are_not_hidden_times_the_output_layer_is_refused_naming_packing(
