@@ -1,16 +1,21 @@
 """Policy train step, Megatron vs Hugging Face backend, side by side on one GPU: step time,
 tokens/s, MFU and peak GPU memory of the policy worker's ``train`` at the same shape.
 
-    python benchmarks/megatron_bench.py [--shape 0.4b|25m] [--rows 8] [--seq 1024] [--steps 5]
+    python benchmarks/megatron_bench.py [--shape 0.4b|1.4b|25m] [--rows 8] [--seq 1024] [--steps 5]
+        [--variants hf:bf16-mixed,megatron-local:bf16-mixed,megatron-torch:bf16-mixed]
 
 The model is a randomly initialised Qwen2 (``0.4b``: hidden 896, 24 layers, 14 query / 2
-key-value heads, ffn 4864, vocab 32k, ~0.39B parameters, tied embeddings). One ``train``
-call = one optimizer step over ``rows`` sequences of ``seq`` tokens (all completion, GRPO
-loss), through the worker classes the library runs (``HfPolicyWorkerImpl``,
-``MegatronPolicyWorkerImpl``, in this process). Backends: HF fp32 (the HF worker's only
-precision today), Megatron fp32, Megatron bf16-mixed. Times are medians over ``--steps``
-calls after two warm-up calls; MFU = 6 * parameters * tokens/s / 989e12 (H100 dense bf16
-peak; for fp32 rows it is the same yardstick, not the fp32 peak).
+key-value heads, ffn 4864, vocab 32k, ~0.39B parameters, tied embeddings; ``1.4b``: hidden
+1536, 28 layers, 12 / 2 heads, ffn 8960, vocab 32k, ~1.36B). One ``train`` call = one
+optimizer step over ``rows`` sequences of ``seq`` tokens (all completion, GRPO loss), through
+the worker classes the library runs (``HfPolicyWorkerImpl``, ``MegatronPolicyWorkerImpl``, in
+this process). A variant is ``backend:precision``; ``megatron-local`` and ``megatron-torch``
+are the Megatron policy with ``policy.megatron.layer_spec`` local (megatron-core's unfused
+attention) and torch (torch's fused attention; the default). The first variant is the
+reference: every row prints its speed as a ratio to it, measured in the same invocation.
+Times are medians over ``--steps`` calls after two warm-up calls; MFU = 6 * parameters *
+tokens/s / 989e12 (H100 dense bf16 peak; for fp32 rows it is the same yardstick, not the fp32
+peak).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from posttrain.data.batch import TokenBatch  # noqa: E402
 SHAPES: dict[str, dict[str, Any]] = {
     "0.4b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                  intermediate_size=4864, vocab_size=32000),
+    "1.4b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 intermediate_size=8960, vocab_size=32000),
     "25m": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
                 intermediate_size=1536, vocab_size=4096),
 }
@@ -60,12 +67,16 @@ def make_rows(rows: int, seq: int, vocab: int) -> TokenBatch:
                       completion_mask=torch.ones(rows, seq - 1))
 
 
-def bench(backend: str, precision: str, path: str, batch: TokenBatch, steps: int) -> dict[str, float]:
+def bench(variant: str, path: str, batch: TokenBatch, steps: int) -> dict[str, float]:
+    """Median ``train`` seconds and peak GPU GiB of one variant (``backend[-layer_spec]:precision``)."""
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     rows = len(batch)
+    name, precision = variant.split(":")
+    backend, _, layer_spec = name.partition("-")
+    spec: dict[str, Any] = {"layer_spec": layer_spec} if backend == "megatron" and layer_spec else {}
     worker = make_worker(backend, path, precision=precision, device="cuda", lr=1e-6, train_global_batch_size=rows,
-                         train_micro_batch_size=rows, logprob_batch_size=rows)
+                         train_micro_batch_size=rows, logprob_batch_size=rows, **spec)
     zeros = torch.zeros(batch.completion_mask.shape)
     extra = {"advantages": torch.randn(rows), "old_logprobs": zeros - 10.0, "ref_logprobs": zeros - 10.0}
     times = []
@@ -88,7 +99,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--variants", default="hf:bf16-mixed,megatron-local:bf16-mixed,megatron-torch:bf16-mixed",
+                        help="comma-separated backend[-layer_spec]:precision; the first is the ratios' reference")
     args = parser.parse_args()
+    variants = args.variants.split(",")
+    for v in variants:
+        name, _, precision = v.partition(":")
+        if name not in ("hf", "megatron", "megatron-local", "megatron-torch") or precision not in ("fp32",
+                                                                                                 "bf16-mixed"):
+            sys.exit(f"megatron_bench.py: bad variant {v!r} (backend[-layer_spec]:precision, e.g. megatron-torch:fp32)")
     if not torch.cuda.is_available():
         sys.exit("megatron_bench.py: needs 1 GPU, found 0")
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,12 +116,15 @@ def main() -> None:
         tokens = args.rows * args.seq
         print(f"{args.shape}: {params / 1e6:.0f}M parameters, {args.rows} x {args.seq} tokens per step, "
               f"{torch.cuda.get_device_name()}")
-        print(f"{'backend':<22}{'step s':>8}{'tokens/s':>11}{'MFU %':>7}{'peak GiB':>10}")
-        for backend, precision in (("hf", "fp32"), ("megatron", "fp32"), ("megatron", "bf16-mixed")):
-            r = bench(backend, precision, tmp, batch, args.steps)
+        header = f"{'variant':<28}{'step s':>8}{'tokens/s':>11}{'MFU %':>7}{'peak GiB':>10}"
+        print(header + f"{'speed vs ' + variants[0]:>30}")
+        reference = None
+        for variant in variants:
+            r = bench(variant, tmp, batch, args.steps)
             tps = tokens / r["step_s"]
-            print(f"{backend + ' ' + precision:<22}{r['step_s']:>8.3f}{tps:>11,.0f}"
-                  f"{100 * 6 * params * tps / H100_PEAK_FLOPS:>7.1f}{r['peak_gib']:>10.2f}", flush=True)
+            reference = reference or tps
+            print(f"{variant:<28}{r['step_s']:>8.3f}{tps:>11,.0f}{100 * 6 * params * tps / H100_PEAK_FLOPS:>7.1f}"
+                  f"{r['peak_gib']:>10.2f}{tps / reference:>29.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -64,8 +64,13 @@ class MegatronConfig(Section):
     pipeline_model_parallel_size: int = Field(
         1, ge=1, description="pipeline stages (policy workers: tensor x pipeline sizes); must divide the model's "
         "layers; trained with megatron-core's 1F1B schedule")
-    context_parallel_size: int = Field(1, ge=1, description="only 1: megatron-core's context parallelism needs "
-                                       "Transformer Engine's attention, which the local layer spec lacks")
+    context_parallel_size: int = Field(
+        1, ge=1, description="only 1: megatron-core's context parallelism needs Transformer Engine's attention, "
+        "which neither of the Megatron policy's layer specs has")
+    layer_spec: Literal["torch", "local"] = Field(
+        "torch", description="the transformer layer's modules: torch (megatron-core's local modules with torch's fused "
+        "attention kernel and megatron's compiled SwiGLU) or local (megatron-core's local spec as it is: unfused "
+        "attention, the [B, heads, S, S] scores in memory; the reference the torch spec is tested against)")
     sequence_parallel: bool = Field(
         False, description="megatron's sequence parallelism over the tensor-parallel ranks; only false: "
         "megatron-core's torch norms (the local layer spec, without Apex or Transformer Engine) refuse it")
@@ -75,7 +80,7 @@ class MegatronConfig(Section):
         if self.context_parallel_size != 1:
             raise ValueError(f"context_parallel_size={self.context_parallel_size} is not supported: megatron-core "
                              "splits attention over GPUs only with Transformer Engine's attention, and the Megatron "
-                             "policy's local layer spec has megatron's own (use 1)")
+                             "policy's layer specs have megatron's own or torch's (use 1)")
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             raise ValueError("sequence_parallel=true needs tensor_model_parallel_size > 1 (it splits the sequence "
                              "over the tensor-parallel ranks), got 1")

@@ -40,12 +40,13 @@ def free_tcp_address() -> str:
 
 def worker_cfg(backend: str, temperature: float = 1.0, precision: str = "fp32", tensor_parallel: int = 1,
                device: str | None = None, tf32: bool = False, top_k: int = 0, top_p: float = 1.0,
-               pipeline_parallel: int = 1, **policy: Any) -> PolicyWorkerConfig:
+               pipeline_parallel: int = 1, layer_spec: str = "torch", **policy: Any) -> PolicyWorkerConfig:
     """What a policy worker is constructed with: ``PolicyConfig`` keys (``policy``) + the run's
     sampling (temperature, top_k, top_p), device (default "cuda" for megatron, "cpu" for hf
     and lora) and megatron layout. TF32 is off by default: the backends must agree with
     independent fp32 computations."""
-    megatron = {"tensor_model_parallel_size": tensor_parallel, "pipeline_model_parallel_size": pipeline_parallel}
+    megatron = {"tensor_model_parallel_size": tensor_parallel, "pipeline_model_parallel_size": pipeline_parallel,
+                "layer_spec": layer_spec}
     if backend == "lora":
         backend, policy = "hf", {"lora": {"rank": LORA_RANK}, **policy}
     cfg = PolicyConfig.model_validate({**policy, "backend": backend, "megatron": megatron, "precision": precision,

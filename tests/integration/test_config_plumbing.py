@@ -678,6 +678,8 @@ PROVEN_ELSEWHERE: dict[str, str] = {
     # the Megatron keys act on a GPU (the mcore tier); on CPU the run stops at the backend check
     "policy.megatron.tensor_model_parallel_size": MCORE + "test_tensor_parallel_2_matches_the_hf_worker",
     "policy.megatron.pipeline_model_parallel_size": MCORE + "test_pipeline_parallel_2_matches_the_hf_worker",
+    "policy.megatron.layer_spec": "tests/unit/models/megatron/test_layer_specs.py::"
+                                  "test_the_layer_spec_key_builds_its_attention",
     "policy.megatron.context_parallel_size": "tests/unit/models/megatron/test_backend_checks.py::"
                                              "test_megatron_layouts_not_built_yet_are_refused_in_one_line",
     "policy.megatron.sequence_parallel": "tests/unit/models/megatron/test_backend_checks.py::"

@@ -30,6 +30,7 @@ SFT_TOKENS = "tests/integration/test_sft_tokens.py"
 VLLM_TESTS = "tests/unit/models/generation/test_vllm_generation.py"
 VLLM_WORKER = "posttrain/models/generation/vllm/vllm_generation_worker.py"
 MCORE_TESTS = "tests/unit/models/megatron/test_megatron_policy.py"
+LAYER_SPEC_TESTS = "tests/unit/models/megatron/test_layer_specs.py"
 MCORE_RESUME = "tests/unit/models/megatron/test_megatron_resume.py"
 RESUME = "tests/integration/test_checkpoint_resume.py"
 LOSSES = "tests/unit/algorithms/test_loss_functions.py"
@@ -1022,6 +1023,24 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/config.py", (("        if self.sequence_parallel:\n", "        if False:\n"),),
            ("tests/unit/models/megatron/test_backend_checks.py::"
             "test_megatron_layouts_not_built_yet_are_refused_in_one_line",), klass="config"),
+    # issue 35: the Megatron policy's torch layer spec (models/megatron/attention.py, model.py)
+    Mutant("sdpa_attention_not_causal", "the torch layer spec's attention attends to later tokens: every logit sees "
+           "the future, training and scoring both", "posttrain/models/megatron/attention.py",
+           (("            causal = True", "            causal = False"),),
+           (f"{LAYER_SPEC_TESTS}::test_sdpa_core_attention_equals_megatrons",
+            f"{MCORE_TESTS}::test_logits_equal_the_hf_models"), klass="megatron", tier="mcore", gpus=1),
+    Mutant("sdpa_attention_mask_inverted", "the inference loop's boolean mask read with the opposite meaning: a "
+           "megatron engine's prefill attends only to later tokens and every decode step to none",
+           "posttrain/models/megatron/attention.py",
+           (("mask.masked_fill_(attention_mask, MASKED)", "mask.masked_fill_(~attention_mask, MASKED)"),),
+           (f"{LAYER_SPEC_TESTS}::test_sdpa_core_attention_equals_megatrons",
+            "tests/unit/models/megatron/test_megatron_generation.py"), klass="megatron", tier="mcore", gpus=1),
+    Mutant("layer_spec_key_ignored", "policy.megatron.layer_spec=torch builds megatron's unfused attention: the "
+           "same numbers, none of the speed or memory asked for", "posttrain/models/megatron/model.py",
+           (('    if layer_spec == "torch":\n        from posttrain.models.megatron.attention',
+             '    if False:\n        from posttrain.models.megatron.attention'),),
+           (f"{LAYER_SPEC_TESTS}::test_the_layer_spec_key_builds_its_attention",), klass="config", tier="mcore",
+           gpus=1),
     # issue 35: sequence packing (data/packing.py, the HF worker)
     Mutant("packed_attention_leaks_across_sequences", "packed position ids run on across sequences: transformers "
            "sees one long sequence and every packed row attends to the rows before it", "posttrain/data/packing.py",

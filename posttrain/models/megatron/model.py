@@ -15,6 +15,7 @@ from posttrain.config import PolicyConfig
 from posttrain.models.megatron.conversion import GPTShape
 
 Precision = Literal["fp32", "bf16-mixed"]
+LayerSpec = Literal["torch", "local"]
 
 
 def init_parallel_state(init_method: str, rank: int, world_size: int, tensor_parallel: int, seed: int,
@@ -59,11 +60,14 @@ def init_parallel_state(init_method: str, rank: int, world_size: int, tensor_par
 
 
 def transformer_config(shape: GPTShape, precision: Precision, tensor_parallel: int,
-                       pipeline_parallel: int = 1) -> Any:
+                       pipeline_parallel: int = 1, layer_spec: LayerSpec = "torch") -> Any:
     """megatron-core ``TransformerConfig`` of a Qwen2 model: GQA, RMSNorm, SwiGLU, q/k/v bias
-    only, no dropout, and no fused kernels (they need Apex or Transformer Engine). Between
-    pipeline stages the activations travel in the parameters' dtype, their shapes sent first
-    (``variable_seq_lengths``: the batches' length buckets and last micro-batches differ)."""
+    only, no dropout, and none of the kernels that need Apex or Transformer Engine. With the
+    ``torch`` layer spec the SwiGLU is megatron's fused one (``bias_activation_fusion``:
+    ``torch.compile``d, its input alone kept for the backward); the ``local`` spec keeps
+    megatron's unfused reference. Between pipeline stages the activations travel in the
+    parameters' dtype, their shapes sent first (``variable_seq_lengths``: the batches' length
+    buckets and last micro-batches differ)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     bf16 = precision == "bf16-mixed"
@@ -96,7 +100,7 @@ def transformer_config(shape: GPTShape, precision: Precision, tensor_parallel: i
         # megatron's grad norm drops every rank's shard but rank 0's from the clipping norm.
         perform_initialization=True,
         masked_softmax_fusion=False,
-        bias_activation_fusion=False,
+        bias_activation_fusion=layer_spec == "torch",
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
@@ -104,9 +108,30 @@ def transformer_config(shape: GPTShape, precision: Precision, tensor_parallel: i
     )
 
 
+def gpt_layer_spec(layer_spec: LayerSpec) -> Any:
+    """The transformer-layer ``ModuleSpec`` of ``policy.megatron.layer_spec``.
+
+    ``local``: megatron-core's local spec as it is (its own ``DotProductAttention``: the
+    ``[B, heads, S, S]`` scores in memory). ``torch``: the same modules (so the same weights,
+    names and tensor-parallel splits) with the core attention replaced by
+    :class:`~posttrain.models.megatron.attention.SDPACoreAttention` (torch's fused attention:
+    FlashAttention on a GPU in bf16). Transformer Engine's spec is not offered: its fused
+    norm-linear modules rename the weights the converter maps, and it cannot be installed
+    where this project is tested.
+    """
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")  # a new spec object on every call
+    if layer_spec == "torch":
+        from posttrain.models.megatron.attention import SDPACoreAttention
+
+        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    return spec
+
+
 def build_gpt_model(shape: GPTShape, precision: Precision, tensor_parallel: int,
-                    pipeline_parallel: int = 1) -> torch.nn.Module:
-    """A ``GPTModel`` (local layer spec) on the current device; wrapped in ``Float16Module``
+                    pipeline_parallel: int = 1, layer_spec: LayerSpec = "torch") -> torch.nn.Module:
+    """A ``GPTModel`` (the layers of :func:`gpt_layer_spec`) on the current device; wrapped in ``Float16Module``
     for ``bf16-mixed`` (bf16 parameters and compute, fp32 logits out). With
     ``pipeline_parallel`` > 1 it is this rank's stage (megatron's parallel state says which):
     the embedding on the first, the final norm and output layer on the last, the layers of
@@ -117,16 +142,15 @@ def build_gpt_model(shape: GPTShape, precision: Precision, tensor_parallel: int,
     last stage; an earlier stage returns its ``[S, B, H]`` hidden states).
     """
     from megatron.core import parallel_state
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.module import Float16Module
 
-    config = transformer_config(shape, precision, tensor_parallel, pipeline_parallel)
+    config = transformer_config(shape, precision, tensor_parallel, pipeline_parallel, layer_spec)
     first = pipeline_parallel == 1 or parallel_state.is_pipeline_first_stage()
     last = pipeline_parallel == 1 or parallel_state.is_pipeline_last_stage()
     model = GPTModel(
         config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=gpt_layer_spec(layer_spec),
         vocab_size=shape.padded_vocab_size(tensor_parallel),
         max_sequence_length=shape.max_position_embeddings,
         pre_process=first,

@@ -56,6 +56,7 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase, InPlaceEngineMixin):
         cfg: the policy section plus the run's ``temperature`` and ``device`` (must be "cuda":
             megatron-core's forward calls ``torch.cuda.current_device()``); its ``megatron``
             entry holds ``tensor_model_parallel_size``, ``pipeline_model_parallel_size`` and
+            ``layer_spec`` (:func:`~posttrain.models.megatron.model.gpt_layer_spec`), and
             ``precision`` (``fp32`` or ``bf16-mixed``: bf16 parameters and compute, fp32 master
             weights, fp32 gradient accumulation, fp32 logits).
         seed: torch seed (the same on every rank: the ranks hold one model).
@@ -92,12 +93,12 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase, InPlaceEngineMixin):
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         shard = self._local_shard(read_hf_weights(model_path))
-        model = mc.build_gpt_model(self.shape, self.precision, self.tp, self.pp)
+        model = mc.build_gpt_model(self.shape, self.precision, self.tp, self.pp, mcfg.layer_spec)
         load_local_state(model, shard)
         self.reference = None  # a run whose loss has no KL term keeps no copy (cfg.reference)
         if cfg.reference:
             # The KL penalty is measured against the policy as it was at the start of training.
-            self.reference = mc.build_gpt_model(self.shape, self.precision, self.tp, self.pp)
+            self.reference = mc.build_gpt_model(self.shape, self.precision, self.tp, self.pp, mcfg.layer_spec)
             load_local_state(self.reference, shard)
             self.reference.eval().requires_grad_(False)
         self.model = mc.wrap_ddp(model)
@@ -115,14 +116,17 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase, InPlaceEngineMixin):
     def model_layout(self) -> dict[str, Any]:
         """Where this rank sits in the model, as megatron built it: ``tp_rank``, ``pp_rank``,
         ``layers`` (the global layer indices of its stage), ``num_local_layers`` (megatron's
-        count of the layers it holds) and ``embedding`` / ``output_layer`` (whether it holds them)."""
+        count of the layers it holds), ``embedding`` / ``output_layer`` (whether it holds them)
+        and ``core_attention`` (the class name of its layers' core attention: the layer spec)."""
         from posttrain.models.megatron.model import unwrap
 
         gpt = unwrap(self.model)
         return {"tp_rank": self.tp_rank, "pp_rank": self.pp_rank,
                 "layers": list(stage_layers(self.shape, self.pp_rank, self.pp)),
                 "num_local_layers": len(gpt.decoder.layers), "embedding": bool(gpt.pre_process),
-                "output_layer": bool(gpt.post_process)}
+                "output_layer": bool(gpt.post_process),
+                "core_attention": sorted({type(layer.self_attention.core_attention).__name__
+                                          for layer in gpt.decoder.layers})}
 
     # -- the backend hooks of PolicyWorkerBase ------------------------------------------------
 

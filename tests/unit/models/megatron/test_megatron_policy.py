@@ -83,10 +83,11 @@ def test_weights_round_trip_hf_to_megatron_to_hf_bit_exact(noisy_tiny) -> None:
 
 
 @GPU
+@pytest.mark.parametrize("layer_spec", ["torch", "local"])
 @pytest.mark.parametrize("which", ["tiny", "25m"])
-def test_logits_equal_the_hf_models(which, noisy_tiny, model_25m) -> None:
+def test_logits_equal_the_hf_models(which, layer_spec, noisy_tiny, model_25m) -> None:
     path = noisy_tiny if which == "tiny" else model_25m
-    worker = make_worker("megatron", path)
+    worker = make_worker("megatron", path, layer_spec=layer_spec)
     reference = hf_model(path).cuda().eval()
     batch = random_batch(reference.config.vocab_size).to("cuda")
     with torch.no_grad():
@@ -111,13 +112,14 @@ def test_logprobs_with_mixed_prompt_lengths_equal_the_hf_workers(noisy_tiny) -> 
 
 
 @GPU
+@pytest.mark.parametrize("layer_spec", ["torch", "local"])
 @pytest.mark.parametrize("loss", ["grpo", "sft"])
-def test_train_steps_equal_the_hf_workers(noisy_tiny, loss) -> None:
+def test_train_steps_equal_the_hf_workers(noisy_tiny, loss, layer_spec) -> None:
     """Two calls of two optimizer steps of two micro-batches each, grad clipping active, lr
     warmup: every metric within 1e-4 (relative) of the HF worker's, and weights within a
-    tenth of one step's size."""
+    tenth of one step's size; with either layer spec."""
     kw = dict(lr=LR, train_global_batch_size=4, train_micro_batch_size=2, max_grad_norm=0.5, warmup_steps=3)
-    hf, mc = make_worker("hf", noisy_tiny, **kw), make_worker("megatron", noisy_tiny, **kw)
+    hf, mc = make_worker("hf", noisy_tiny, **kw), make_worker("megatron", noisy_tiny, layer_spec=layer_spec, **kw)
     batch = random_batch(hf.model.config.vocab_size)
     loss_fn = ClippedPGLoss(clip_eps=0.2, kl_coef=0.3) if loss == "grpo" else NLLLoss()
     for call in range(2):

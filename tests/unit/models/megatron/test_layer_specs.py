@@ -1,0 +1,126 @@
+"""The Megatron policy's two layer specs (``policy.megatron.layer_spec``) against each other
+and against megatron-core's own attention (GPU, extra ``mcore``).
+
+    uv run --extra mcore --group test bash tests/run_unit.sh --mcore-only
+
+``torch`` (the default) is megatron-core's local modules with the core attention computed by
+torch's ``scaled_dot_product_attention`` (``SDPACoreAttention``) and megatron's compiled
+SwiGLU; ``local`` is megatron-core's local spec untouched, the reference. Both are also checked
+against the HF model and the HF worker in ``test_megatron_policy.py`` (parametrised there), and
+the default one serves every other mcore test, the megatron engines' decode steps included.
+
+Bounds (fp32, TF32 off) and where they come from: ``FP32_BOUND`` 1e-5 on outputs and input
+gradients of unit-scale q/k/v; H100, seeds 0-7, every mask case: see ``CALIBRATION``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from harness.policy_backends import free_tcp_address, make_worker
+
+pytestmark = [pytest.mark.mcore, pytest.mark.gpu(1)]
+
+FP32_BOUND = 1e-5
+# H100 80GB, torch 2.11, megatron-core 0.16.1, seeds 0-7 each: worst |SDPA - DotProductAttention|
+# over outputs and q/k/v gradients (fp32), and the torch spec's bf16-mixed logprobs against the
+# local spec's (25M model, 4 x 128 tokens).
+CALIBRATION = """
+case                    worst fp32 gap      broken (scores not causal)
+training (no mask)      (to be measured)
+"""
+
+
+def _config(heads: int = 8, groups: int = 2, head_dim: int = 16):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(num_layers=1, hidden_size=heads * head_dim, num_attention_heads=heads,
+                             num_query_groups=groups, kv_channels=head_dim, hidden_dropout=0.0,
+                             attention_dropout=0.0, params_dtype=torch.float32)
+
+
+def _attentions():
+    """megatron-core's ``DotProductAttention`` and ``SDPACoreAttention``, one causal layer each."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from posttrain.models.megatron import model as mc
+    from posttrain.models.megatron.attention import SDPACoreAttention
+
+    mc.init_parallel_state(free_tcp_address(), 0, 1, 1, 0)
+    config = _config()
+    return (DotProductAttention(config, 1, AttnMaskType.causal, "self"),
+            SDPACoreAttention(config, 1, AttnMaskType.causal, "self"))
+
+
+def _case(case: str, seed: int):
+    """``(q, k, v, mask, attn_mask_type)`` of one of the ways megatron calls core attention:
+    ``training`` (no mask: the layer's causal type), ``prefill`` (the inference loop's causal
+    boolean mask), ``decode`` (one query over 20 cached keys, no-mask type) and ``masked``
+    (random masked keys per row, one row with every key masked)."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    sq, sk = {"training": (32, 32), "prefill": (32, 32), "decode": (1, 20), "masked": (24, 24)}[case]
+    q = torch.randn(sq, 3, 8, 16, device="cuda", generator=g)
+    k, v = (torch.randn(sk, 3, 2, 16, device="cuda", generator=g) for _ in range(2))
+    mask, kind = None, AttnMaskType.causal
+    if case == "prefill":
+        mask = torch.ones(1, 1, sq, sk, device="cuda", dtype=torch.bool).triu(1)
+    elif case == "decode":
+        mask, kind = torch.zeros(1, 1, 1, sk, device="cuda", dtype=torch.bool), AttnMaskType.no_mask
+    elif case == "masked":
+        mask = torch.rand(3, 1, sq, sk, device="cuda", generator=g) < 0.3
+        mask[1, 0, 5] = True
+    return q, k, v, mask, kind
+
+
+@pytest.mark.parametrize("case", ["training", "prefill", "decode", "masked"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sdpa_core_attention_equals_megatrons(case, seed) -> None:
+    """Same outputs and q/k/v gradients as megatron's ``DotProductAttention`` (grouped-query
+    heads, fp32) in each way megatron calls it; a fully masked row averages its values (no NaN)."""
+    reference, sdpa = _attentions()
+    q, k, v, mask, kind = _case(case, seed)
+    outputs, grads = [], []
+    for module in (reference, sdpa):
+        inputs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = module(*inputs, mask, attn_mask_type=kind)
+        out.backward(torch.cos(torch.arange(out.numel(), device="cuda").view_as(out).float()))
+        outputs.append(out.detach())
+        grads.append([t.grad for t in inputs])
+    assert outputs[1].shape == outputs[0].shape == (q.shape[0], 3, 8 * 16)
+    assert torch.isfinite(outputs[1]).all()
+    assert (outputs[1] - outputs[0]).abs().max().item() <= FP32_BOUND
+    for name, got, expected in zip("qkv", grads[1], grads[0], strict=True):
+        assert (got - expected).abs().max().item() <= FP32_BOUND, name
+
+
+def test_sdpa_core_attention_refuses_what_it_does_not_compute() -> None:
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from posttrain.models.megatron.attention import SDPACoreAttention
+
+    _attentions()  # the parallel state
+    config = _config()
+    config.attention_dropout = 0.1
+    with pytest.raises(ValueError, match="dropout"):
+        SDPACoreAttention(config, 1, AttnMaskType.causal, "self")
+    _, sdpa = _attentions()
+    q, k, v, _, _ = _case("decode", 0)
+    with pytest.raises(ValueError, match="equal query and key lengths"):
+        sdpa(q, k, v, None)
+
+
+@pytest.mark.parametrize("layer_spec", ["torch", "local"])
+def test_the_layer_spec_key_builds_its_attention(noisy_tiny, layer_spec) -> None:
+    """The key reaches the model: every layer of the policy and of its reference copy has the
+    spec's core attention, and the torch spec's SwiGLU is megatron's fused one."""
+    from posttrain.models.megatron.model import unwrap
+
+    worker = make_worker("megatron", noisy_tiny, layer_spec=layer_spec)
+    expected = {"torch": ["SDPACoreAttention"], "local": ["DotProductAttention"]}[layer_spec]
+    assert worker.model_layout()["core_attention"] == expected
+    assert {type(layer.self_attention.core_attention).__name__
+            for layer in unwrap(worker.reference).decoder.layers} == set(expected)
+    assert unwrap(worker.model).config.bias_activation_fusion == (layer_spec == "torch")
