@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
-
 # What a masked score becomes. Large enough that a real score added to it rounds away (a fully
 # masked row then averages its values, as megatron's softmax does), small enough that the CUDA
 # kernels' rescaling by log2(e) stays finite (the dtype's minimum overflows there to -inf and the

@@ -183,7 +183,11 @@ def build_optimizer(model: Any, cfg: PolicyConfig, precision: Precision) -> Any:
     """megatron-core's Adam (decoupled weight decay: AdamW) over ``model``'s parameters, with
     fp32 master weights for ``bf16-mixed``. Clipping is done by the caller (it must see the
     norm before deciding to step). Weight decay skips biases and norm weights (megatron's
-    default parameter groups)."""
+    default parameter groups).
+
+    Without Transformer Engine or Apex, megatron-core builds torch's ``AdamW`` with its default
+    (``foreach``) kernels; on a GPU it is switched to torch's fused kernel (the same update in
+    one launch for all tensors) before its first step, when its state does not exist yet."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     bf16 = precision == "bf16-mixed"
@@ -192,7 +196,14 @@ def build_optimizer(model: Any, cfg: PolicyConfig, precision: Precision) -> Any:
         adam_beta2=cfg.betas[1], adam_eps=1e-8, clip_grad=cfg.max_grad_norm, bf16=bf16,
         params_dtype=torch.bfloat16 if bf16 else torch.float32, use_distributed_optimizer=False,
     )
-    return get_megatron_optimizer(config, [model])
+    optimizer = get_megatron_optimizer(config, [model])
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_adam = inner.optimizer
+        if type(torch_adam) in (torch.optim.AdamW, torch.optim.Adam) and all(
+                p.is_cuda for group in torch_adam.param_groups for p in group["params"]):
+            for group in torch_adam.param_groups:
+                group["foreach"], group["fused"] = False, True
+    return optimizer
 
 
 def right_padded_logits(model: torch.nn.Module, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:

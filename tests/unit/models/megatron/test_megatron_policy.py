@@ -210,6 +210,7 @@ def test_bf16_mixed_keeps_fp32_master_weights_and_learns(noisy_tiny) -> None:
     assert {p.dtype for p in worker.model.parameters()} == {torch.bfloat16}
     masters = [p for group in worker.optimizer.param_groups for p in group["params"]]
     assert masters and {p.dtype for p in masters} == {torch.float32}
+    assert all(group["fused"] for group in worker.optimizer.param_groups)  # torch's fused AdamW kernel
     assert {t.dtype for t in worker.get_weights().values()} == {torch.bfloat16}
     batch = random_batch(hf_model(noisy_tiny).config.vocab_size)
     advantages = torch.tensor([1.0, -1.0] * 4)
