@@ -22,8 +22,8 @@ from megatron.core.transformer.enums import AttnMaskType
 
 # What a masked score becomes. Large enough that a real score added to it rounds away (a fully
 # masked row then averages its values, as megatron's softmax does), small enough that the CUDA
-# kernels' rescaling by log2(e) stays finite (the dtype's minimum overflows there to -inf and the
-# memory-efficient kernel returns zeros for the row).
+# kernels' rescaling by log2(e) stays finite: with the dtype's minimum, the memory-efficient kernel
+# returned zeros for a fully masked row on an H100 (megatron averages the values there).
 MASKED = -1e30
 
 
