@@ -678,6 +678,8 @@ PROVEN_ELSEWHERE: dict[str, str] = {
     # the Megatron keys act on a GPU (the mcore tier); on CPU the run stops at the backend check
     "policy.megatron.tensor_model_parallel_size": MCORE + "test_tensor_parallel_2_matches_the_hf_worker",
     "policy.megatron.pipeline_model_parallel_size": MCORE + "test_pipeline_parallel_2_matches_the_hf_worker",
+    "policy.fused_rms_norm": "tests/unit/models/policy/test_fused_rms_norm.py::"
+                             "test_the_key_reaches_the_policy_and_its_reference",
     "policy.megatron.layer_spec": "tests/unit/models/megatron/test_layer_specs.py::"
                                   "test_the_layer_spec_key_builds_its_attention",
     "policy.megatron.context_parallel_size": "tests/unit/models/megatron/test_backend_checks.py::"

@@ -1041,6 +1041,25 @@ MUTANTS: tuple[Mutant, ...] = (
              '    if False:\n        from posttrain.models.megatron.attention'),),
            (f"{LAYER_SPEC_TESTS}::test_the_layer_spec_key_builds_its_attention",), klass="config", tier="mcore",
            gpus=1),
+    # issue 35: the HF policy's fused RMSNorm (models/fused_norms.py)
+    Mutant("fused_rms_norm_drops_the_weight", "the fused RMSNorm of a float32 model normalises but never scales by "
+           "the layer's weight: every layer's learned gain is ignored, in training and scoring",
+           "posttrain/models/fused_norms.py",
+           (("F.rms_norm(hidden_states, shape, self.weight, self.variance_epsilon)",
+             "F.rms_norm(hidden_states, shape, None, self.variance_epsilon)"),),
+           ("tests/unit/models/policy/test_fused_rms_norm.py::test_the_fused_norm_computes_what_transformers_computes",),
+           klass="training"),
+    Mutant("fused_rms_norm_eps_dropped", "the fused RMSNorm of bf16 inputs uses torch's default epsilon instead of "
+           "the model's: a different normalisation near zero, silently", "posttrain/models/fused_norms.py",
+           (("F.rms_norm(hidden_states.float(), shape, None, self.variance_epsilon)",
+             "F.rms_norm(hidden_states.float(), shape, None, None)"),),
+           ("tests/unit/models/policy/test_fused_rms_norm.py::test_the_fused_norm_computes_what_transformers_computes",),
+           klass="training"),
+    Mutant("fused_rms_norm_key_ignored", "policy.fused_rms_norm=false still swaps the norms: the key a user turns off "
+           "to rule the fused kernel out changes nothing", "posttrain/models/policy/hf_policy_worker.py",
+           (("        if cfg.fused_rms_norm:", "        if True:"),),
+           ("tests/unit/models/policy/test_fused_rms_norm.py::test_the_key_reaches_the_policy_and_its_reference",),
+           klass="config"),
     # issue 35: sequence packing (data/packing.py, the HF worker)
     Mutant("packed_attention_leaks_across_sequences", "packed position ids run on across sequences: transformers "
            "sees one long sequence and every packed row attends to the rows before it", "posttrain/data/packing.py",

@@ -21,6 +21,7 @@ from posttrain.config import PolicyWorkerConfig, engine_dtype
 from posttrain.data.batch import TokenBatch
 from posttrain.data.packing import pack_rows, unpack
 from posttrain.errors import ConfigError
+from posttrain.models.fused_norms import use_fused_rms_norm
 from posttrain.models.policy import lora
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 from posttrain.models.precision import use_tf32_for_fp32
@@ -100,6 +101,8 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         self.param_dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
         # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.param_dtype).to(self.device)  # type: ignore[arg-type]
+        if cfg.fused_rms_norm:  # before LoRA, the reference copy, FSDP2 and compile: they all see the swap
+            use_fused_rms_norm(self.model)
         if cfg.logprob_chunk_tokens or cfg.sequence_packing:  # both score from the output layer's weight
             check_plain_output_layer(self.model, "policy.logprob_chunk_tokens" if cfg.logprob_chunk_tokens
                                      else "policy.sequence_packing")
