@@ -87,8 +87,9 @@ GIT_ABORT = 255  # git bisect run stops on a code >= 128
 PASSING = ("PASS", "WARN", "SKIP")  # a check-metrics run with only these exits 0
 FAILING = ("FAIL", "VACUOUS")
 KILL_GRACE_S = 5.0
-# Git's messages are parsed in English; the command gets the user's own values back.
-RESTORED_ENV = ("PATH", "LC_ALL", "LANG", "LANGUAGE")
+# Git's messages are parsed in English, and git bisect run adds its own variables: the command gets
+# the user's values of these back (unset where the user had none).
+RESTORED_ENV = ("PATH", "LC_ALL", "LANG", "LANGUAGE", "GIT_EXEC_PATH", "GIT_INTERNAL_GETTEXT_SH_SCHEME")
 GIT_ENV_DROPPED = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_PREFIX")
 # Never searched for reports: dot-directories (.git, .venv, ...) and these.
 PRUNED_DIRS = ("__pycache__", "node_modules")
@@ -732,9 +733,6 @@ def run_bisect(options: argparse.Namespace, command: list[str]) -> int:
         print("".join(ln for ln in started.splitlines(keepends=True) if ln.startswith("Bisecting:")), end="")
         rc = _run_git_bisect(config, log_dir)
         return _conclude(config, good, bad, rc)
-    except KeyboardInterrupt:
-        _say("interrupted; the repository is left as it was")
-        return EXIT_INTERRUPTED
     finally:
         _cleanup(repo, worktree)
         shutil.rmtree(config.state_dir, ignore_errors=True)
@@ -759,6 +757,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        _say("interrupted; the scratch worktree is removed, the repository as it was")
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

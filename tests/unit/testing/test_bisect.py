@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -90,7 +91,10 @@ def make_repo(path: Path, versions: list[Mapping[str, str | None]]) -> list[str]
 
 
 def bisect(repo: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(TOOL), *args], cwd=cwd or repo, capture_output=True, text=True, timeout=300)
+    """The tool as a user runs it; its scratch worktree and logs go under the test's own tmp_path."""
+    env = {**os.environ, "TMPDIR": str(repo.parent)}
+    return subprocess.run(["bash", str(TOOL), *args], cwd=cwd or repo, capture_output=True, text=True, timeout=300,
+                          env=env)
 
 
 def first_bad(out: subprocess.CompletedProcess[str]) -> str:
@@ -201,11 +205,11 @@ def test_the_repeat_policy_refuses_what_it_cannot_judge():
 
 
 UNRUNNABLE = {
-    "exit 2": ({"check.sh": "echo 'needs 1 GPU, found 0' >&2; exit 2\n"}, (), "exit 2: not a verdict"),
-    "missing script": ({"check.sh": None}, (), "exit 127"),
-    "killed by a signal": ({"check.sh": "kill -KILL $$\n"}, (), "killed by SIGKILL"),
+    "exit-2": ({"check.sh": "echo 'needs 1 GPU, found 0' >&2; exit 2\n"}, (), "exit 2: not a verdict"),
+    "missing-script": ({"check.sh": None}, (), "exit 127"),
+    "killed": ({"check.sh": "kill -KILL $$\n"}, (), "killed by SIGKILL"),
     "timeout": ({"check.sh": "sleep 60\n"}, ("--timeout", "2"), "timed out after 2 s"),
-    "setup fails": ({"broken": "yes"}, ("--setup", "test ! -e broken"), "setup: exit 1"),
+    "setup-fails": ({"broken": "yes"}, ("--setup", "test ! -e broken"), "setup: exit 1"),
 }
 
 
@@ -249,6 +253,24 @@ def test_a_good_end_that_fails_or_a_bad_end_that_passes_is_no_answer(tmp_path, g
     assert out.returncode == 3 and message in out.stdout, out.stdout + out.stderr
     assert "first bad commit" not in out.stdout
     assert repo_state(repo) == before
+
+
+def test_an_interrupt_removes_the_scratch_worktree_and_leaves_the_checkout_as_it_was(tmp_path):
+    repo = tmp_path / "repo"
+    shas = make_repo(repo, regression_at(5, "sleep 60\n", "exit 1\n"))
+    before = repo_state(repo)
+    proc = subprocess.Popen(["bash", str(TOOL), shas[0], shas[-1], "--", "bash", "check.sh"], cwd=repo, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("posttrain-bisect-*/logs/*-run0.log")):  # the first run has started
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in out, out
+    assert repo_state(repo) == before
+    assert not list(tmp_path.glob("posttrain-bisect-*/worktree"))
 
 
 # --- refusals: one line, exit 2, nothing touched ----------------------------------------------
@@ -335,11 +357,11 @@ def test_only_exit_0_and_1_are_verdicts(code, outcome):
 
 def test_a_timeout_kills_the_whole_process_group(tmp_path):
     marker = tmp_path / "child-alive"
-    script = f"(sleep 3; touch {marker}) & sleep 60\n"
+    script = f"(sleep 1; touch {marker}) & sleep 60\n"
     start = time.monotonic()
-    code, why = git_bisect.run_once(["bash", "-c", script], tmp_path, dict(os.environ), 0.5, tmp_path / "log")
-    assert code is None and why == "timed out after 0.5 s" and time.monotonic() - start < 10
-    time.sleep(3.5)
+    code, why = git_bisect.run_once(["bash", "-c", script], tmp_path, dict(os.environ), 0.3, tmp_path / "log")
+    assert code is None and why == "timed out after 0.3 s" and time.monotonic() - start < 10
+    time.sleep(1.5)
     assert not marker.exists()  # the shell's background child died with it
 
 
