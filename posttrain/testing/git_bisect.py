@@ -106,6 +106,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (no usage block), raised as :class:`UsageError`."""
 
     def error(self, message: str) -> NoReturn:
+        """Raise ``message`` as a :class:`UsageError` (argparse would print its usage block and exit)."""
         raise UsageError(message)
 
 
@@ -235,8 +236,11 @@ class Judgement:
         return cls(**data, runs=runs)
 
     def representative(self) -> Run | None:
-        """The last run that agrees with the verdict (a failing run of a bad commit, a passing
-        run of a good one); None for a skip."""
+        """The last run that agrees with the verdict; None for a skip.
+
+        A failing run of a bad commit, a passing run of a good one: the run whose report and
+        output stand for the commit when what flipped is looked for.
+        """
         wanted = {"good": "pass", "bad": "fail"}.get(self.verdict)
         return next((r for r in reversed(self.runs) if r.outcome == wanted), None)
 
@@ -325,9 +329,12 @@ def run_once(command: Sequence[str], cwd: Path, env: dict[str, str], timeout: fl
 
 
 def report_files(root: Path, report: str | None) -> dict[str, tuple[int, int]]:
-    """The check reports under ``root`` and their ``(mtime_ns, size)``: ``report`` alone when
-    given (a path relative to ``root``), else every ``check_report.json`` outside dot-directories
-    and ``PRUNED_DIRS``, keyed by their paths relative to ``root``."""
+    """The check reports under ``root``: path relative to ``root`` -> ``(mtime_ns, size)``.
+
+    ``report`` alone when given (a path relative to ``root``), else every ``check_report.json``
+    outside dot-directories (``.git``, ``.venv``) and ``PRUNED_DIRS``. A run's reports are those
+    whose stamp it changed.
+    """
     if report is not None:
         candidates = [root / report]
     else:
@@ -347,8 +354,11 @@ def report_files(root: Path, report: str | None) -> dict[str, tuple[int, int]]:
 
 
 def read_report(path: Path) -> list[dict[str, Any]]:
-    """A check-metrics JSON report's rows (``rule`` and ``status`` kept with value and bound);
-    [] when the file is not such a report."""
+    """A check-metrics JSON report's rows, or [] when the file is not such a report.
+
+    Each row keeps ``rule``, ``status``, ``value`` and ``bound``; a row without a string rule and
+    status is left out.
+    """
     try:
         rows = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -369,11 +379,11 @@ def _last_line(path: Path, limit: int = 160) -> str:
 
 
 def judge_commit(config: Config, sha: str, subject: str) -> Judgement:
-    """Run the command at the commit the worktree has checked out until the repeat policy
-    decides (:func:`repeat_verdict`); print one line per run and one for the verdict.
+    """Judge the commit the scratch worktree has checked out: run the command until it is decided.
 
-    A ``--setup`` command runs first; if it fails, times out or cannot run, the commit is a skip
-    without a run of the command.
+    The runs go on until :func:`repeat_verdict` decides; one line is printed per run and one for
+    the verdict. A ``--setup`` command runs first; if it fails, times out or cannot run, the
+    commit is a skip without a run of the command.
     """
     root = Path(config.worktree)
     cwd = root / config.prefix
@@ -407,11 +417,13 @@ def judge_commit(config: Config, sha: str, subject: str) -> Judgement:
 
 
 def step_main(argv: Sequence[str]) -> int:
-    """The command ``git bisect run`` calls at each commit: judge it, record the judgement in
-    the state directory, and answer git 0 (good), 1 (bad) or 125 (skip).
+    """The command ``git bisect run`` calls at each commit: judge it and answer git.
+
+    The judgement is recorded in the state directory for the driver.
 
     Returns:
-        git's code; 255 (stop the bisect) when this step itself fails or is interrupted.
+        0 (good), 1 (bad) or 125 (skip), git's codes;
+        255 (stop the bisect) when this step itself fails or is interrupted.
     """
     try:
         config = Config.load(Path(argv[0]))
@@ -443,8 +455,10 @@ class Flip:
 
 
 def flipped_rules(good: dict[str, list[dict[str, Any]]], bad: dict[str, list[dict[str, Any]]]) -> list[Flip]:
-    """The rules failing (FAIL, VACUOUS) in ``bad``'s reports that were not failing in
-    ``good``'s (PASS, WARN, SKIP, or absent), report by report.
+    """The rules that went from passing to failing, report by report.
+
+    A rule flipped when it fails (FAIL, VACUOUS) in ``bad``'s report and did not fail in
+    ``good``'s (PASS, WARN, SKIP, or absent: ``before`` is then ``"absent"``).
 
     Args:
         good, bad: report path -> rows (:func:`read_report`), of a passing run of the last good
@@ -461,8 +475,10 @@ def flipped_rules(good: dict[str, list[dict[str, Any]]], bad: dict[str, list[dic
 
 
 def failing_tests(log_text: str) -> list[str]:
-    """The pytest node ids a run's output reports as ``FAILED`` or ``ERROR`` (the short test
-    summary, on by default), in order, without repeats."""
+    """The pytest node ids a run's output reports as ``FAILED`` or ``ERROR``, in order, once each.
+
+    pytest prints those lines in its short test summary, which is on by default (``-rfE``).
+    """
     return list(dict.fromkeys(m.group(1).strip() for m in PYTEST_PROBLEM.finditer(log_text)))
 
 
@@ -481,8 +497,11 @@ def _numbers(flip: Flip) -> str:
 
 
 def describe_flip(good: Judgement, bad: Judgement) -> list[str]:
-    """Lines naming what flipped between the last good and the first bad commit: the rules
-    (:func:`flipped_rules`), else the failing pytest node ids, else where to look."""
+    """Lines naming what flipped between the last good and the first bad commit.
+
+    The rules (:func:`flipped_rules`) and the pytest node ids failing at the first bad commit but
+    not at the last good one; when there are neither, where the failing run's output is.
+    """
     good_run, bad_run = good.representative(), bad.representative()
     flips = flipped_rules(good_run.reports if good_run else {}, bad_run.reports if bad_run else {})
     lines = [f"rule that flipped ({f.before} -> {f.after}): {f.rule}  [{_numbers(f)}{f.report}]" for f in flips]
@@ -498,8 +517,11 @@ def describe_flip(good: Judgement, bad: Judgement) -> list[str]:
 
 
 def parse_bisect_log(text: str) -> tuple[str | None, list[str]]:
-    """``git bisect log``'s answer: the first bad commit, or None and the candidates git names
-    when only skipped commits are left (both empty when the bisect did not finish)."""
+    """``git bisect log``'s answer: ``(first bad commit, [])`` or ``(None, candidates)``.
+
+    The candidates are those git names when only skipped commits are left; both are empty when
+    the bisect did not finish.
+    """
     first = FIRST_BAD.search(text)
     if first:
         return first.group(1), []
@@ -604,8 +626,9 @@ def resolve_range(repo: Path, good: str, bad: str) -> tuple[str, str]:
 
 
 def refuse_uncommitted(repo: Path) -> None:
-    """Refuse a checkout with uncommitted changes to tracked files, staged or not (untracked
-    files are fine: the scratch worktree never touches them).
+    """Refuse a checkout with uncommitted changes to tracked files, staged or not.
+
+    Untracked files are fine: the scratch worktree never touches them.
 
     Raises:
         UsageError: naming the first changed file.
@@ -636,8 +659,11 @@ def _judgements(state_dir: Path) -> dict[str, Judgement]:
 
 
 def _run_git_bisect(config: Config, log_dir: Path) -> int:
-    """``git bisect run`` in the scratch worktree with this file's step; our lines and git's
-    progress shown, git's whole output kept in ``log_dir/git-bisect-run.log``."""
+    """``git bisect run`` in the scratch worktree with this file's step; returns its exit status.
+
+    Our lines and git's progress are shown; git's whole output is kept in
+    ``log_dir/git-bisect-run.log``.
+    """
     cmd = ["git", "-C", config.worktree, "bisect", "run", sys.executable, "-I", str(THIS_FILE), STEP_FLAG,
            config.state_dir]
     with (log_dir / "git-bisect-run.log").open("w") as kept:
