@@ -5,7 +5,9 @@
 - :mod:`posttrain.testing.check_metrics`: its command line, ``check-metrics``;
 - :mod:`posttrain.testing.tb_to_json`: TensorBoard event files to that JSON, ``tb-to-json``;
 - :mod:`posttrain.testing.results_trend`: a metric across archived unit-test runs,
-  ``unit-results-trend``.
+  ``unit-results-trend``;
+- :mod:`posttrain.testing.git_bisect`: the first commit where a check or test fails
+  (``git bisect run`` on the toolkit's verdicts), ``bisect-run`` and ``tools/bisect.sh``.
 
 docs/testing.md ("Rules") documents the rule language.
 """

@@ -53,6 +53,8 @@ MCORE_GEN_TESTS = "tests/unit/models/megatron/test_megatron_generation.py"
 MCORE_IN_PLACE_TESTS = "tests/unit/models/megatron/test_megatron_in_place.py"
 IN_PLACE = "posttrain/models/generation/megatron/in_place.py"
 MCORE_SAMPLER = "posttrain/models/megatron/inference.py"
+BISECT = "posttrain/testing/git_bisect.py"
+BISECT_TESTS = "tests/unit/testing/test_bisect.py"
 
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
 # the others are the classes of issue 12.
@@ -807,6 +809,35 @@ MUTANTS: tuple[Mutant, ...] = (
            (("unset PYTHONDONTWRITEBYTECODE", ": PYTHONDONTWRITEBYTECODE kept"),),
            ("tests/unit/testing/harness/test_harness_run_unit.py::"
             "test_bytecode_is_written_where_the_environment_forbids_it",), klass="harness"),
+    # issue 36: tools/bisect.sh (posttrain/testing/git_bisect.py), git bisect run on the toolkit's verdicts
+    Mutant("bisect_exit_2_is_bad", "the bisect takes exit 2 (could not judge: no GPU, a bad override) for a failure: "
+           "a commit that cannot run is named the culprit", BISECT,
+           (('    if code == 1:\n        return "fail", "exit 1"',
+             '    if code in (1, 2):\n        return "fail", f"exit {code}"'),),
+           (f"{BISECT_TESTS}::test_a_commit_that_cannot_be_judged_is_skipped_and_the_bisect_still_converges",
+            f"{BISECT_TESTS}::test_only_exit_0_and_1_are_verdicts"), klass="harness"),
+    Mutant("bisect_repeat_ignored", "--repeat N decides each commit on its first run: one flaky verdict misplaces "
+           "the culprit", BISECT,
+           (("    left = repeat - len(outcomes)", "    left = 1 - len(outcomes)"),),
+           (f"{BISECT_TESTS}::test_a_flaky_check_misplaces_the_culprit_once_and_repeat_finds_it",
+            f"{BISECT_TESTS}::test_the_repeat_policy_is_the_majority_of_the_runs_with_a_verdict"), klass="harness"),
+    Mutant("bisect_flip_against_itself", "the rule that flipped is looked for by comparing the first bad commit's "
+           "report with itself: no rule or test is ever named", BISECT,
+           (("good_run, bad_run = good.representative(), bad.representative()",
+             "good_run, bad_run = bad.representative(), bad.representative()"),),
+           (f"{BISECT_TESTS}::test_a_regression_at_commit_5_is_named_with_the_rule_that_flipped_and_the_checkout_is_"
+            "untouched", f"{BISECT_TESTS}::test_a_pytest_command_names_the_failing_test_node_ids"), klass="harness"),
+    Mutant("bisect_timeout_is_bad", "a run killed at --timeout counts as a failure: a commit that hangs (or a slow "
+           "machine) is named the culprit", BISECT,
+           (('            return None, f"timed out after {timeout:g} s"',
+             '            return 1, f"timed out after {timeout:g} s"'),),
+           (f"{BISECT_TESTS}::test_a_timeout_kills_the_whole_process_group",
+            f"{BISECT_TESTS}::test_a_commit_that_cannot_be_judged_is_skipped_and_the_bisect_still_converges"),
+           klass="harness"),
+    Mutant("bisect_staged_changes_accepted", "the uncommitted-changes refusal reads git diff: a staged edit passes, "
+           "and the user bisects believing their edit is tested", BISECT,
+           (('git(repo, "status", "--porcelain", "--untracked-files=no")', 'git(repo, "diff", "--name-only")'),),
+           (f"{BISECT_TESTS}::test_uncommitted_changes_are_refused_and_untracked_files_are_not",), klass="harness"),
     Mutant("sampling_accuracy_averages_the_logprobs", "val/sampling_accuracy takes exp of the mean logprob over the "
            "row (padding counted), not of the sum over the answer's tokens: a per-token geometric mean that reads "
            "high whatever the answer's probability",
