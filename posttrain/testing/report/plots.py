@@ -36,7 +36,8 @@ STATUS_COLOURS = {"PASS": "#2e7d32", "WARN": "#b8860b", "FAIL": "#c62828", "VACU
 SERIES_COLOUR = "#1f77b4"
 BOUND_COLOUR = "#e65100"
 BAD_COLOUR = "#d50000"  # failing steps and non-finite values
-# A level further from the series than this many times the series' range is not drawn to scale.
+# A level further from the series than this many times its range or its largest |value| is not drawn
+# to scale: max(loss) < 1e29 would flatten a loss of order 1 into a line at 0.
 SCALE_REACH = 4.0
 MAX_NON_FINITE_LABELS = 5  # labelled markers per panel; the rest are counted in one label
 VACUOUS_TEXT = "VACUOUS: it passes on every adversarial stand-in, so it cannot catch a broken run"
@@ -51,7 +52,7 @@ def _finite_range(trace: Trace) -> tuple[float, float] | None:
 
 def _on_scale(y: float, low: float, high: float) -> bool:
     """Whether a level at ``y`` may set the panel's limits without flattening the series."""
-    reach = SCALE_REACH * max(high - low, 0.1 * max(abs(low), abs(high)), 1e-12)
+    reach = SCALE_REACH * max(high - low, abs(low), abs(high), 1e-12)
     return low - reach <= y <= high + reach
 
 
