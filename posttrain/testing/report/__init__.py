@@ -69,7 +69,7 @@ def write_report(directory: str | Path, data: Mapping[str, Any], results: Sequen
     require_plotting()
     from posttrain.testing.report.page import render_page
     from posttrain.testing.report.plot_spec import plot_specs
-    from posttrain.testing.report.plots import figure_bytes, rule_figure, summary_figure
+    from posttrain.testing.report.plots import drop_headings, figure_bytes, rule_figure, summary_figure
     from posttrain.testing.rules.checker import normalize
 
     out = Path(directory)
@@ -82,7 +82,7 @@ def write_report(directory: str | Path, data: Mapping[str, Any], results: Sequen
         for plot in plots:
             figure = rule_figure(plot)
             (out / rule_png(plot.index)).write_bytes(figure_bytes(figure, "png"))
-            svgs.append(figure_bytes(figure, "svg", salt=f"rule-{plot.index}").decode())
+            svgs.append(figure_bytes(drop_headings(figure), "svg", salt=f"rule-{plot.index}").decode())
         (out / SUMMARY).write_bytes(figure_bytes(summary_figure(results), "png"))
         page = out / PAGE
         page.write_text(render_page(plots, svgs, source), encoding="utf-8")

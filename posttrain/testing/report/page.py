@@ -24,7 +24,9 @@ p.summary { font-size: 1.15em; margin-top: 0; }
 table.verdicts { border-collapse: collapse; width: 100%; font-size: 0.9em; }
 table.verdicts th, table.verdicts td { border-bottom: 1px solid #e0e0e0; padding: 0.3em 0.5em; text-align: left;
        vertical-align: top; }
-code { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, monospace; overflow-wrap: anywhere; }
+table.verdicts td.check { width: 46%; }
+table.verdicts td.value { width: 20%; }
+code { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, monospace; overflow-wrap: break-word; }
 .status { display: inline-block; min-width: 5.5em; text-align: center; color: white; font-weight: bold;
           border-radius: 3px; padding: 0.1em 0.4em; }
 section.rule { border: 1px solid #e0e0e0; border-left-width: 6px; border-radius: 4px; margin: 1.5em 0;
@@ -106,8 +108,8 @@ def render_page(plots: Sequence[RulePlot], svgs: Sequence[str], source: str) -> 
         raise ValueError(f"{len(plots)} rules but {len(svgs)} figures")
     results = [plot.result for plot in plots]
     rows = "\n".join(
-        f'<tr><td>{_status(p.result.status)}</td><td><a href="#rule-{p.index}"><code>{html.escape(p.result.rule)}'
-        f"</code></a></td><td>{html.escape(format_value_cell(p.result))}</td>"
+        f'<tr><td>{_status(p.result.status)}</td><td class="check"><a href="#rule-{p.index}"><code>'
+        f'{html.escape(p.result.rule)}</code></a></td><td class="value">{html.escape(format_value_cell(p.result))}</td>'
         f"<td>{html.escape(p.result.message)}</td></tr>"
         for p in plots
     )

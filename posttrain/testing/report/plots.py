@@ -40,6 +40,7 @@ BAD_COLOUR = "#d50000"  # failing steps and non-finite values
 # to scale: max(loss) < 1e29 would flatten a loss of order 1 into a line at 0.
 SCALE_REACH = 4.0
 MAX_NON_FINITE_LABELS = 5  # labelled markers per panel; the rest are counted in one label
+HEADING = "heading"  # the gid of a rule figure's title lines
 VACUOUS_TEXT = "VACUOUS: it passes on every adversarial stand-in, so it cannot catch a broken run"
 
 
@@ -97,7 +98,8 @@ def _draw_levels(ax: Axes, levels: Sequence[tuple[int, Level]], index: int, scal
     bottom, top = ax.get_ylim()
     for k, level in levels:
         gid = f"rule-{index}-{level.role}-{k}"
-        colour = BOUND_COLOUR if level.role == "bound" else (SERIES_COLOUR if level.holds else BAD_COLOUR)
+        # an aggregate in the verdict's colour, so that it stands out of a noisy series drawn in blue
+        colour = BOUND_COLOUR if level.role == "bound" else STATUS_COLOURS["PASS" if level.holds else "FAIL"]
         if not _on_scale(level.y, low, high):
             above = level.y > high
             ax.annotate(f"{level.label} ({'far above' if above else 'far below'}: not to scale)",
@@ -108,12 +110,12 @@ def _draw_levels(ax: Axes, levels: Sequence[tuple[int, Level]], index: int, scal
                         arrowprops={"arrowstyle": "->", "color": colour})
             continue
         style: Literal["--", "-"] = "--" if level.role == "bound" else "-"
-        width = 1.6 if level.role == "bound" else 2.6
+        width = 1.6 if level.role == "bound" else 3.2
         if level.steps is None:
             ax.axhline(level.y, color=colour, ls=style, lw=width, label=level.label, gid=gid, zorder=4)
         else:
             ax.hlines(level.y, level.steps[0], level.steps[1], colors=colour, linestyles=style, lw=width,
-                      label=level.label, gid=gid, zorder=4)
+                      label=level.label, gid=gid, zorder=4, alpha=0.9)
         if level.fails is not None:  # the side where the value fails, up to the panel's edge
             edge = top if level.fails == "above" else bottom
             ax.axhspan(min(level.y, edge), max(level.y, edge), color=BAD_COLOUR, alpha=0.07, lw=0,
@@ -146,7 +148,8 @@ def _draw_panel(ax: Axes, plot: RulePlot, k: int, trace: Trace) -> None:
     failing = [step for metric, step in plot.failing if metric == trace.metric]
     if failing:
         values = dict(zip(trace.steps, trace.values, strict=True))
-        ax.plot(failing, [values[s] for s in failing], ls="none", marker="o", ms=10, mfc="none", mew=1.8,
+        ax.plot(failing, [values[s] for s in failing], ls="none", marker="o", ms=10 if len(failing) <= 40 else 5,
+                mfc="none", mew=1.8 if len(failing) <= 40 else 1.0,
                 color=BAD_COLOUR, label=f"beyond the bound ({len(failing)} step{'s' * (len(failing) != 1)})",
                 gid=f"rule-{index}-failing-{k}", zorder=6)
     ax.set_ylabel(trace.metric, fontsize=9)
@@ -166,7 +169,8 @@ def _draw_gauge(ax: Axes, plot: RulePlot) -> None:
         ax.annotate(f"{format_number(comparison.value)} {comparison.op} {format_number(comparison.bound)}",
                     (0.5, row + 0.42), xycoords=("axes fraction", "data"), ha="center", fontsize=8)
     xs = [x for _, c in shown for x in (c.value, c.bound)]
-    pad = 0.15 * max(max(xs) - min(xs), 0.1 * max(abs(x) for x in xs), 1e-12)
+    # a value on its bound of 0 (min(grad_norm) > 0 on a run of zeros) still gets a readable axis
+    pad = 0.15 * max(max(xs) - min(xs), 0.1 * max(abs(x) for x in xs)) or 1.0
     ax.set_xlim(min(xs) - pad, max(xs) + pad)
     ax.set_ylim(len(shown) - 0.4, -0.6)
     ax.set_yticks([])
@@ -192,9 +196,9 @@ def rule_figure(plot: RulePlot) -> Figure:
     axes = [fig.add_subplot(grid[r, 0]) for r in range(rows)]
     rule_text = "\n".join(textwrap.wrap(result.rule, 100, break_on_hyphens=False))
     fig.suptitle(f"{result.status}  rule {index}\n{rule_text}", x=0.01, ha="left", fontsize=11,
-                 color=STATUS_COLOURS[result.status], fontfamily="monospace")
+                 color=STATUS_COLOURS[result.status], fontfamily="monospace", gid=HEADING)
     verdict = format_value_cell(result) + (f": {result.message}" if result.message else "")
-    axes[0].set_title("\n".join(textwrap.wrap(verdict, 130)), loc="left", fontsize=9)
+    axes[0].set_title("\n".join(textwrap.wrap(verdict, 130)), loc="left", fontsize=9, gid=HEADING)
     if not plot.traces:
         axes[0].text(0.5, 0.5, "the rule reads no metric", ha="center", va="center", transform=axes[0].transAxes)
         axes[0].set_xticks([])
@@ -208,6 +212,15 @@ def rule_figure(plot: RulePlot) -> Figure:
         axes[0].text(0.5, 0.5, VACUOUS_TEXT, transform=axes[0].transAxes, ha="center", va="center", fontsize=10,
                      color="white", wrap=True, gid=f"rule-{index}-vacuous", zorder=10,
                      bbox={"boxstyle": "round", "facecolor": STATUS_COLOURS["VACUOUS"], "alpha": 0.85})
+    return fig
+
+
+def drop_headings(fig: Figure) -> Figure:
+    """``fig`` without its status, rule and verdict lines, for the page, which has them as text
+    above the plot; the PNG, read alone, keeps them."""
+    for text in fig.findobj(lambda artist: artist.get_gid() == HEADING):
+        text.set_visible(False)
+        text.set_in_layout(False)
     return fig
 
 
