@@ -40,6 +40,9 @@ BAD_COLOUR = "#d50000"  # failing steps and non-finite values
 # to scale: max(loss) < 1e29 would flatten a loss of order 1 into a line at 0.
 SCALE_REACH = 4.0
 MAX_NON_FINITE_LABELS = 5  # labelled markers per panel; the rest are counted in one label
+# No date (a report of the same run is the same file) and no RDF block, whose vocabulary URLs would be
+# the page's only "http" text besides the SVG namespaces.
+SVG_METADATA = {"Date": None, "Creator": None, "Format": None, "Type": None}
 HEADING = "heading"  # the gid of a rule figure's title lines
 VACUOUS_TEXT = "VACUOUS: it passes on every adversarial stand-in, so it cannot catch a broken run"
 
@@ -253,5 +256,5 @@ def figure_bytes(fig: Figure, fmt: str, salt: str = "") -> bytes:
     tests), and ``salt`` keeps the ids of several SVGs on one page apart."""
     buffer = io.BytesIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt or None}):
-        fig.savefig(buffer, format=fmt, dpi=100, metadata={"Date": None} if fmt == "svg" else None)
+        fig.savefig(buffer, format=fmt, dpi=100, metadata=SVG_METADATA if fmt == "svg" else None)
     return buffer.getvalue()

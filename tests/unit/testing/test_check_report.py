@@ -188,6 +188,7 @@ def test_the_page_needs_nothing_from_elsewhere(tmp_path) -> None:
     refs = re.findall(r'(?:href|src)="([^"]*)"', page)
     assert refs and all(ref.startswith("#") for ref in refs)
     assert not re.findall(r"url\((?!#)", page)
+    assert set(re.findall(r'"(https?://[^"]*)"', page)) == {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}
 
 
 def test_report_without_matplotlib_is_a_one_line_usage_error(tmp_path, monkeypatch, capsys) -> None:
