@@ -13,9 +13,13 @@ range_end=0), ratio_above(values, threshold), all_finite, first, last, last_step
 parsed and interpreted (posttrain/testing/rules/interpreter.py), never eval'd. docs/testing.md ("Rules")
 documents the language, the vacuity check, packs and margins.
 
+``--report DIR`` also writes each rule's plot and an HTML page of them all into DIR
+(:mod:`posttrain.testing.report`; needs the ``report`` extra, matplotlib).
+
 Exit status: 0 every rule passed (WARN and SKIP allowed), 1 a rule failed or is vacuous,
 2 usage error (bad flags, no rules, a rule that does not parse or uses a forbidden
-construct, an unreadable or malformed metrics file).
+construct, an unreadable or malformed metrics file, ``--report`` without matplotlib or
+into a directory that cannot be written).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 from rich.console import Console
 
+from posttrain.testing import report as check_report
 from posttrain.testing.rules import interpreter as metric_rules
 from posttrain.testing.rules import report as rule_report
 from posttrain.testing.rules.checker import CheckOptions, RuleSpec, run_checks
@@ -104,7 +109,8 @@ def help_epilog() -> str:
         "",
         "exit status: 0 every rule passed (WARN and SKIP allowed); 1 a rule failed or is VACUOUS (it passes",
         "on adversarial stand-ins too); 2 usage error (bad flags, no rules, a rule that does not parse or",
-        "uses a forbidden construct, an unreadable metrics file).",
+        "uses a forbidden construct, an unreadable metrics file, --report without matplotlib or into a",
+        "directory that cannot be written).",
         "",
         "example: check_metrics.py logs/metrics.json --pack grpo --expect-steps 200 \\",
         "           'mean(data[\"train/reward_mean\"], -20) > mean(data[\"train/reward_mean\"], 1, 21)'",
@@ -138,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--output-json", "--json-report", metavar="PATH", help="write per-rule results as JSON")
     parser.add_argument("--github-summary", action="store_true", help="append a markdown table to $GITHUB_STEP_SUMMARY")
+    parser.add_argument(
+        "--report",
+        metavar="DIR",
+        help="write a plot per rule (PNG), summary.png and index.html into DIR (needs the report extra: matplotlib)",
+    )
     for name, bound in PACK_BOUNDS.items():
         defaults = ", ".join(f"{pack} {value}" for pack, value in bound.defaults.items())
         parser.add_argument(bound.flag, dest=name, type=_finite_float, metavar="X", help=f"{bound.help} ({defaults})")
@@ -190,7 +201,11 @@ def write_outputs(args: argparse.Namespace, results: list[metric_rules.CheckResu
         targets.append((Path(args.output_json), "w", json.dumps(rule_report.json_report(results), indent=2) + "\n"))
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
     if args.github_summary and summary_path:
-        targets.append((Path(summary_path), "a", rule_report.markdown_summary(results)))
+        summary = rule_report.markdown_summary(results)
+        if args.report:  # a step summary shows no local file: say where the plots are
+            summary += (f"\nPlots of each rule: `{Path(args.report) / check_report.PAGE}` and "
+                        f"`{Path(args.report) / check_report.SUMMARY}` (in the job's artifacts).\n")
+        targets.append((Path(summary_path), "a", summary))
     for path, mode, text in targets:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -212,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = build_parser().parse_intermixed_args(argv)  # options may come after the rules
     try:
+        if args.report:  # a missing extra is reported before any file is read
+            check_report.require_plotting()
         metrics_file, texts = split_inputs(args)
         for text in texts:  # a bad rule is reported before any file is read
             metric_rules.compile_rule(text)
@@ -221,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         options = CheckOptions(args.expect_steps, not args.no_vacuity_check, args.min_margin)
         results = run_checks(data, specs, options)
         write_outputs(args, results)
-    except (UsageError, metric_rules.RuleError, metric_rules.MetricsFileError) as e:
+        if args.report:
+            source = metrics_file or f"{args.tb_dir} (TensorBoard)"
+            check_report.write_report(args.report, data, results, source)
+    except (UsageError, metric_rules.RuleError, metric_rules.MetricsFileError, check_report.ReportError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     return 0 if all(r.passed for r in results) else 1

@@ -6,7 +6,9 @@
 #   config_value <yaml> <key> [key.sub=value ...]   # a config value after the overrides (num_steps)
 #   check_run <log_dir> --expect-steps N [--pack P] <rules...>
 #                                    # <log_dir>/metrics.json (the logger's) -> tests/check_metrics.py;
-#                                    # sets METRICS to that file for the script's later steps
+#                                    # writes $WORK/check_report.json and, with the report extra,
+#                                    # $WORK/check_report/ (plots, index.html); sets METRICS to that
+#                                    # file for the script's later steps
 #   grpo_functional <name> [key.sub=value ...]   # SFT warm start -> GRPO -> the GRPO rules
 #   require_gpus N                   # exit 2 with "needs N GPU(s), found M" when fewer are present
 #   require_extra <extra> <module> "$@"   # re-run the calling script under `uv run --extra <extra>`
@@ -89,7 +91,17 @@ check_run() {
   # TensorBoard holds the same values in float32; tests/json_dump_tb_logs.py reads those for
   # runs that have only event files (NeMo-RL's layout).
   METRICS=$log_dir/metrics.json
-  python tests/check_metrics.py "$METRICS" "$@" --output-json "$WORK/check_report.json" --github-summary
+  # Each rule's plot and a page of them beside check_report.json, where the report extra (matplotlib)
+  # is installed (CI's functional jobs run with --extra report); without it the run is judged all the
+  # same: the plots are for reading a verdict, not part of it.
+  local report=()
+  if python -c "import matplotlib" 2>/dev/null; then
+    report=(--report "$WORK/check_report")
+  else
+    echo "== check_run: no plots of the rules (the report extra is not installed: uv run --extra report ...)"
+  fi
+  python tests/check_metrics.py "$METRICS" "$@" --output-json "$WORK/check_report.json" --github-summary \
+    ${report[@]+"${report[@]}"}
 }
 
 # The GRPO functional test (grpo.sh, grpo_non_colocated.sh differ only in placement):

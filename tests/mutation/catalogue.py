@@ -55,6 +55,9 @@ IN_PLACE = "posttrain/models/generation/megatron/in_place.py"
 MCORE_SAMPLER = "posttrain/models/megatron/inference.py"
 BISECT = "posttrain/testing/git_bisect.py"
 BISECT_TESTS = "tests/unit/testing/test_bisect.py"
+REPORT_TESTS = "tests/unit/testing/test_check_report.py"
+REPORT_PLOTS = "posttrain/testing/report/plots.py"
+REPORT_SPEC = "posttrain/testing/report/plot_spec.py"
 
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
 # the others are the classes of issue 12.
@@ -67,7 +70,9 @@ CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "sta
            # issue 34: a recorded run and its replay that differ (what was sampled, scored or trained on)
            "replay",
            # issue 33: an engine whose samples, logprobs or weights are not the policy's
-           "megatron-generation")
+           "megatron-generation",
+           # issue 36: a report (check-metrics --report) whose picture is not what was judged
+           "report")
 
 
 @dataclass(frozen=True)
@@ -948,8 +953,8 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/unit/test_ops.py",), klass="same-bug-elsewhere"),
     Mutant("slope_skips_nonfinite_scan", "slope reads its window without the NaN/inf scan the other helpers do",
            "posttrain/testing/rules/helpers.py",
-           (("steps, vals = _window(finite_series(values), range_start, range_end)\n    if len(vals) < 2:",
-             "steps, vals = _window(as_series(values), range_start, range_end)\n    if len(vals) < 2:"),),
+           (("steps, vals = step_window(finite_series(values), range_start, range_end)\n    if len(vals) < 2:",
+             "steps, vals = step_window(as_series(values), range_start, range_end)\n    if len(vals) < 2:"),),
            (f"{EDGES}::test_a_non_finite_value_at_the_first_a_middle_or_the_last_step_fails_every_helper_naming_it",),
            klass="same-bug-elsewhere"),
     Mutant("last_step_skips_nonfinite_scan", "last_step reads its metric without the NaN/inf scan",
@@ -1130,4 +1135,31 @@ MUTANTS: tuple[Mutant, ...] = (
            (("row.in_place is not None and policy_backend == backend", "row.in_place is not None"),),
            ("tests/unit/models/megatron/test_backend_checks.py::"
             "test_a_colocated_megatron_engine_over_a_megatron_policy_takes_no_bundle_of_its_own",), klass="config"),
+    # issue 36, check-metrics --report: plots that show something other than what was judged
+    Mutant("report_bound_line_not_drawn", "a rule's plot has no line at its bound: the margin cannot be seen",
+           REPORT_PLOTS,
+           (("            ax.axhline(level.y, color=colour, ls=style, lw=width, label=level.label, gid=gid, zorder=4)",
+             "            pass  # the bound line is not drawn"),),
+           (REPORT_TESTS,), klass="report"),
+    Mutant("report_bound_drawn_at_the_value", "the bound line is drawn at the value the rule computed: every rule "
+           "looks like it sits on its bound", REPORT_SPEC,
+           (('levels.append(Level(value_read.metric, bound, f"bound {bound:.4g}"',
+             'levels.append(Level(value_read.metric, value if value is not None else bound, f"bound {bound:.4g}"'),),
+           (REPORT_TESTS,), klass="report"),
+    Mutant("report_nan_points_dropped", "NaN and inf steps are dropped from the plotted series: the plot of a "
+           "failing all_finite rule looks clean", REPORT_SPEC,
+           (("return Trace(metric, tuple(value.steps), tuple(value.step_values))",
+             "return Trace(metric, *zip(*[(s, v) for s, v in zip(value.steps, value.step_values) "
+             "if math.isfinite(v)]))"),),
+           (REPORT_TESTS,), klass="report"),
+    Mutant("report_nan_markers_not_drawn", "non-finite values leave a gap in the line but no marker or label",
+           REPORT_PLOTS,
+           (('        _draw_non_finite(ax, trace, f"rule-{index}-nonfinite-{k}")', "        pass"),),
+           (REPORT_TESTS,), klass="report"),
+    Mutant("report_vacuous_not_flagged", "a VACUOUS rule's plot looks like a pass: no banner", REPORT_PLOTS,
+           (('    if result.status == "VACUOUS":', '    if result.status == "VACUOUS!":'),),
+           (REPORT_TESTS,), klass="report"),
+    Mutant("report_failing_steps_not_ringed", "the steps beyond the bound are not marked on the plot",
+           REPORT_SPEC, (("failing += _beyond(value_read, op, bound, data)", "failing += []"),),
+           (REPORT_TESTS,), klass="report"),
 )

@@ -63,7 +63,7 @@ def exact_mean(values: Sequence[float]) -> float:
     return float((Fraction(s) + Fraction(r)) / len(values))
 
 
-def _window(series: Series, range_start: float, range_end: float) -> tuple[Sequence[int], Sequence[float]]:
+def step_window(series: Series, range_start: float, range_end: float) -> tuple[Sequence[int], Sequence[float]]:
     """Steps/values in ``[range_start, range_end)`` with NeMo-RL's bound rules.
 
     Bounds are step numbers, 1-indexed. A negative bound counts back from the last
@@ -113,7 +113,7 @@ def median(values: Any, range_start: int = 1, range_end: int = 0) -> float:
     Raises:
         ValueError: no logged step in the range.  NonFiniteError: a value is NaN/inf.
     """
-    _, vals = _window(finite_series(values), range_start, range_end)
+    _, vals = step_window(finite_series(values), range_start, range_end)
     return statistics.median(vals)
 
 
@@ -153,7 +153,7 @@ def mean(values: Any, range_start: int = 1, range_end: int = 0, ignore_top_p: fl
     series = finite_series(values)
     if not 0.0 <= ignore_top_p <= 1.0:
         raise ValueError(f"ignore_top_p must be between 0.0 and 1.0, got {ignore_top_p}")
-    _, vals = _window(series, range_start, range_end)
+    _, vals = step_window(series, range_start, range_end)
     if ignore_top_p > 0.0:
         vals = sorted(vals)
         vals = vals[: int(len(vals) * (1.0 - ignore_top_p))] or vals[:1]
@@ -169,7 +169,7 @@ def std(values: Any, range_start: int = 1, range_end: int = 0) -> float:
     Raises:
         ValueError: no logged step in the range.  NonFiniteError: a value is NaN/inf.
     """
-    _, vals = _window(finite_series(values), range_start, range_end)
+    _, vals = step_window(finite_series(values), range_start, range_end)
     # The correctly rounded mean of a constant is that constant, so `std(x) > 0` fails on a
     # frozen metric; fsum/n can be off by an ulp (0.1 x 3 steps gave std 1.4e-17).
     m = exact_mean(vals)
@@ -185,7 +185,7 @@ def slope(values: Any, range_start: int = 1, range_end: int = 0) -> float:
     Raises:
         ValueError: fewer than two steps in the range.  NonFiniteError: a value is NaN/inf.
     """
-    steps, vals = _window(finite_series(values), range_start, range_end)
+    steps, vals = step_window(finite_series(values), range_start, range_end)
     if len(vals) < 2:
         raise ValueError(f"slope needs at least two steps, got {len(vals)}")
     x_mean = math.fsum(steps) / len(steps)

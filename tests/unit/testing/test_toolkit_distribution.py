@@ -125,3 +125,14 @@ def test_the_toolkit_wheel_holds_the_librarys_own_toolkit_sources(toolkit_venv):
     assert not (site / "posttrain" / "__init__.py").exists()  # a namespace portion: it installs alone
     help_text = _run([str(toolkit_venv / "check-metrics"), "--help"], cwd=site).stdout
     assert "usage:" in help_text
+
+
+def test_the_toolkit_without_its_report_extra_refuses_report_in_one_line(toolkit_venv, tmp_path):
+    """``--report`` needs matplotlib (the ``report`` extra), which the plain install does not bring."""
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(json.dumps(NEMO_RL_RUN))
+    command = _run([str(toolkit_venv / "check-metrics"), str(metrics), RULES[1], "--report", str(tmp_path / "plots")],
+                   cwd=tmp_path, check=False)
+    assert command.returncode == 2, command.stdout + command.stderr
+    assert command.stderr.count("\n") == 1 and "--report needs matplotlib" in command.stderr
+    assert command.stdout == "" and not (tmp_path / "plots").exists()

@@ -187,6 +187,16 @@ class TestCommonSh:
         (logs / "metrics.json").unlink()  # event files alone are not what is checked
         assert self.bash(f"WORK={tmp_path}; check_run {logs} --expect-steps 2 {rule}").returncode == 2
 
+    def test_check_run_writes_the_report_beside_check_report_json(self, tmp_path):
+        pytest.importorskip("matplotlib")  # the report extra: check_run writes plots only with it
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        (logs / "metrics.json").write_text(json.dumps({"train/loss": {"1": 1.0, "2": 0.5}}))
+        proc = self.bash(f"WORK={tmp_path}; check_run {logs} --expect-steps 2 'max(data[\"train/loss\"]) < 2'")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert (tmp_path / "check_report.json").is_file()
+        assert {p.name for p in (tmp_path / "check_report").iterdir()} == {"index.html", "summary.png", "rule-01.png"}
+
     def test_config_value_applies_the_overrides_like_the_entry_point(self):
         yaml = "examples/configs/grpo_arithmetic.yaml"
         proc = self.bash(
