@@ -59,5 +59,6 @@ def use_fused_rms_norm(model: torch.nn.Module) -> int:
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if type(child).__name__ in STANDARD_RMSNORMS]
     for parent, name, child in targets:
-        setattr(parent, name, FusedRMSNorm(child.weight, float(child.variance_epsilon)))
+        weight, eps = getattr(child, "weight"), getattr(child, "variance_epsilon")  # noqa: B009 (typed Any)
+        setattr(parent, name, FusedRMSNorm(weight, float(eps)))
     return len(targets)
