@@ -424,11 +424,11 @@ def main(argv: list[str] | None = None) -> int:
             except RuleError as e:
                 raise UsageError(str(e)) from None
             rules.append(rule)
-        healthy, broken = load_runs(args.runs), load_runs(args.broken)
-        first = next(iter(healthy.values()))
-        rules += [spec.text for pack in args.pack for spec in pack_rules(pack, first, {}) if not spec.skip_reason]
-        if not rules:
+        if not rules and not args.pack:  # before any metrics file is read
             raise UsageError("no rules given (--rules FILE, --rule or --pack)")
+        healthy, broken = load_runs(args.runs), load_runs(args.broken)
+        first = next(iter(healthy.values()))  # an optional pack check is calibrated where the first run logs it
+        rules += [spec.text for pack in args.pack for spec in pack_rules(pack, first, {}) if not spec.skip_reason]
         calibrations = [calibrate_rule(rule, healthy, broken, args.false_alarm_rate)
                         for rule in dict.fromkeys(rules)]
         print("\n\n".join(render(c, args.false_alarm_rate) for c in calibrations))
