@@ -13,6 +13,9 @@ range_end=0), ratio_above(values, threshold), all_finite, first, last, last_step
 parsed and interpreted (posttrain/testing/rules/interpreter.py), never eval'd. docs/testing.md ("Rules")
 documents the language, the vacuity check, packs and margins.
 
+``check-metrics calibrate RUN... --rules FILE`` recommends bounds from healthy runs
+(:mod:`posttrain.testing.calibrate`; docs/testing.md, "Calibrating bounds").
+
 ``--report DIR`` also writes each rule's plot and an HTML page of them all into DIR
 (:mod:`posttrain.testing.report`; needs the ``report`` extra, matplotlib).
 
@@ -111,6 +114,9 @@ def help_epilog() -> str:
         "on adversarial stand-ins too); 2 usage error (bad flags, no rules, a rule that does not parse or",
         "uses a forbidden construct, an unreadable metrics file, --report without matplotlib or into a",
         "directory that cannot be written).",
+        "",
+        "calibrate: check_metrics.py calibrate RUN... --rules FILE [--broken RUN...] recommends each rule's bound",
+        "from healthy runs (calibrate --help).",
         "",
         "example: check_metrics.py logs/metrics.json --pack grpo --expect-steps 200 \\",
         "           'mean(data[\"train/reward_mean\"], -20) > mean(data[\"train/reward_mean\"], 1, 21)'",
@@ -225,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         0 when every rule passes (WARN/SKIP allowed), 1 when any fails or is vacuous,
         2 for a usage error (argparse exits 2 itself for bad flags).
     """
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["calibrate"]:  # the subcommand; a metrics file is never named plain `calibrate`
+        from posttrain.testing import calibrate
+
+        return calibrate.main(argv[1:])
     args = build_parser().parse_intermixed_args(argv)  # options may come after the rules
     try:
         if args.report:  # a missing extra is reported before any file is read

@@ -8,7 +8,8 @@
 #                                    # <log_dir>/metrics.json (the logger's) -> tests/check_metrics.py;
 #                                    # writes $WORK/check_report.json and, with the report extra,
 #                                    # $WORK/check_report/ (plots, index.html); sets METRICS to that
-#                                    # file for the script's later steps
+#                                    # file for the script's later steps; archives the run (archive_run)
+#   archive_run <metrics.json> <check_report.json>   # into $POSTTRAIN_CACHE/functional_history/<script>/
 #   grpo_functional <name> [key.sub=value ...]   # SFT warm start -> GRPO -> the GRPO rules
 #   require_gpus N                   # exit 2 with "needs N GPU(s), found M" when fewer are present
 #   require_extra <extra> <module> "$@"   # re-run the calling script under `uv run --extra <extra>`
@@ -100,8 +101,33 @@ check_run() {
   else
     echo "== check_run: no plots of the rules (the report extra is not installed: uv run --extra report ...)"
   fi
+  local rc=0
   python tests/check_metrics.py "$METRICS" "$@" --output-json "$WORK/check_report.json" --github-summary \
-    ${report[@]+"${report[@]}"}
+    ${report[@]+"${report[@]}"} || rc=$?
+  archive_run "$METRICS" "$WORK/check_report.json"
+  return "$rc"
+}
+
+# Keep each checked run for functional-trend (posttrain/testing/trend.py, docs/testing.md "Drift across
+# runs"): metrics.json and check_report.json into
+#   ${POSTTRAIN_CACHE:-~/.cache/posttrain}/functional_history/<script>/<UTC time>_<commit>/
+# keeping the newest ${FUNCTIONAL_HISTORY_KEEP:-20} runs of the script. Failing runs are kept too (the
+# trend tool leaves them out of the history by their check_report.json). FUNCTIONAL_HISTORY=0 turns it off.
+archive_run() {
+  [ "${FUNCTIONAL_HISTORY:-1}" = 0 ] && return 0
+  local metrics=$1 report=$2 script commit dest
+  script=$(basename "$WORK")
+  commit=$(git -C "$REPO" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+  if [ -n "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ]; then commit="$commit-dirty"; fi
+  local history="${POSTTRAIN_CACHE:-$HOME/.cache/posttrain}/functional_history/$script"
+  dest="$history/$(date -u +%Y%m%dT%H%M%SZ)_$commit"
+  mkdir -p "$dest" && cp "$metrics" "$dest/metrics.json" || { echo "== archive_run: cannot write $dest" >&2; return 0; }
+  [ -f "$report" ] && cp "$report" "$dest/check_report.json"
+  echo "== archived for functional-trend: $dest"
+  # the newest K by name (names start with the UTC time); an archive that cannot be pruned is left as is
+  local keep=${FUNCTIONAL_HISTORY_KEEP:-20} old
+  while IFS= read -r old; do rm -rf -- "$history/$old"; done < <(ls -1 "$history" | sort | head -n "-$keep")
+  return 0
 }
 
 # The GRPO functional test (grpo.sh, grpo_non_colocated.sh differ only in placement):

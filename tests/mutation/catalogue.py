@@ -58,6 +58,10 @@ BISECT_TESTS = "tests/unit/testing/test_bisect.py"
 REPORT_TESTS = "tests/unit/testing/test_check_report.py"
 REPORT_PLOTS = "posttrain/testing/report/plots.py"
 REPORT_SPEC = "posttrain/testing/report/plot_spec.py"
+CALIBRATE = "posttrain/testing/calibrate.py"
+CALIBRATE_TESTS = "tests/unit/testing/test_calibrate.py"
+TREND = "posttrain/testing/trend.py"
+TREND_TESTS = "tests/unit/testing/test_trend.py"
 
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
 # the others are the classes of issue 12.
@@ -71,8 +75,10 @@ CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "sta
            "replay",
            # issue 33: an engine whose samples, logprobs or weights are not the policy's
            "megatron-generation",
-           # issue 36: a report (check-metrics --report) whose picture is not what was judged
-           "report")
+           # issue 36: a report (check-metrics --report) whose picture is not what was judged; bounds
+           # recommended from healthy runs that are not where the stated false-alarm rate puts them
+           # (check-metrics calibrate); a drift check that cannot see a run move from its history
+           "report", "calibration", "drift")
 
 
 @dataclass(frozen=True)
@@ -1162,4 +1168,23 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("report_failing_steps_not_ringed", "the steps beyond the bound are not marked on the plot",
            REPORT_SPEC, (("failing += _beyond(value_read, op, bound, data)", "failing += []"),),
            (REPORT_TESTS,), klass="report"),
+    # issue 36, check-metrics calibrate and functional-trend
+    Mutant("calibrate_ignores_the_false_alarm_rate", "the recommended bound is the 1% one whatever "
+           "--false-alarm-rate says", CALIBRATE,
+           (("student_t_quantile(1 - false_alarm_rate, n - 1)", "student_t_quantile(0.99, n - 1)"),),
+           (CALIBRATE_TESTS,), klass="calibration"),
+    Mutant("calibrate_no_small_n_widening", "the bound forgets that the next run varies too (no sqrt(1 + 1/n)): "
+           "healthy runs false-alarm more often than stated", CALIBRATE,
+           (("* math.sqrt(1 + 1 / n)", "* 1.0"),), (CALIBRATE_TESTS,), klass="calibration"),
+    Mutant("calibrate_bound_on_the_wrong_side", "an upper bound is recommended below the healthy runs' mean",
+           CALIBRATE, (("centre + k * spread if upper else centre - k * spread",
+                        "centre - k * spread if upper else centre + k * spread"),),
+           (CALIBRATE_TESTS,), klass="calibration"),
+    Mutant("trend_compares_with_the_newest_run", "the final value's band is built from the newest run itself "
+           "instead of the history: nothing ever drifts", TREND,
+           (("[final_value(r.metrics.get(name)) for r in history]",
+             "[final_value(newest.metrics.get(name)) for r in history]"),), (TREND_TESTS,), klass="drift"),
+    Mutant("trend_history_includes_failing_runs", "runs that failed their rules are part of the healthy band",
+           TREND, (("history = [r for r in runs[:-1] if r.passed][-args.history:]",
+                    "history = runs[:-1][-args.history:]"),), (TREND_TESTS,), klass="drift"),
 )
