@@ -101,6 +101,10 @@ class RayActor:
         ray.kill(self.handle)
 
 
+def _node_id(_actor: Any) -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
 def _shared_bundle_env(cluster: RayVirtualCluster, bundle_index: int) -> dict[str, Any]:
     """Actor options for a worker that reserves nothing on ``bundle_index``: the bundle's GPUs
     made visible to it (Ray does so only for workers that reserve GPUs)."""
@@ -217,6 +221,11 @@ class RayWorkerGroup:
         check_shards(shards, len(self.workers))
         per_worker = zip(self.workers, *shards, strict=True)
         return [getattr(w, method).remote(*args, **kwargs) for w, *args in per_worker]
+
+    def node_ids(self) -> list[str]:
+        """The Ray node id each worker runs on, in rank order: asked of the actors themselves
+        (``__ray_call__`` runs a function in the actor's process), not inferred from bundles."""
+        return self.gather([w.__ray_call__.remote(_node_id) for w in self.workers], "node_ids")
 
     def shutdown(self) -> None:
         """Kill every worker (their reserved bundles stay with the cluster)."""
