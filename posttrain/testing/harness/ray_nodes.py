@@ -18,8 +18,8 @@ command line::
 ``DIR/auth_token``; ``stop`` reads them. The cluster has a token of its own (Ray 2.5x's token
 authentication): a driver joins it with ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN`` set to
 ``DIR/auth_token``'s content (:meth:`LocalRayCluster.client_env`), never through
-``~/.ray/auth_token``, which other clusters on the machine may rewrite at any time. Imports neither Ray nor torch (the ``ray`` command line
-does the work).
+``~/.ray/auth_token``, which other clusters on the machine may rewrite at any time. Imports
+neither Ray nor torch (the ``ray`` command line does the work).
 """
 
 from __future__ import annotations
