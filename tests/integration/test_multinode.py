@@ -2,7 +2,8 @@
 node, two nodes of 1 CPU each): the nodes are separate raylets, a GRPO run puts its policy and its
 engine on different nodes with ``cluster.placement_strategy=STRICT_SPREAD`` and refits across them
 exactly, a strategy the nodes cannot hold stops the run in one line (exit 2), and stopping the
-cluster leaves none of its processes behind.
+cluster leaves none of its processes behind; a lost worker node ends a run in one line naming it, and
+the run resumes from its last checkpoint on a healthy cluster.
 
 The drivers run as subprocesses (the real entry point, ``cluster.address=...``): this process keeps
 the session's own Ray, and one process can join one cluster only.
@@ -11,9 +12,12 @@ the session's own Ray, and one process can join one cluster only.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +105,56 @@ def test_stopping_a_cluster_ends_every_process_of_its_nodes_and_only_those(tmp_p
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def node_ids_by_index(cluster) -> dict[int, str]:
+    out = run_driver(["-c", LIST_NODES], cluster.client_env(), timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return {int(n["names"][0].rsplit("_", 1)[1]): n["id"] for n in json.loads(out.stdout.strip().splitlines()[-1])}
+
+
+def test_a_lost_worker_node_ends_the_run_in_one_line_naming_it_and_the_run_resumes(two_nodes, tmp_path,
+                                                                                      tiny_model_path, tracker):
+    """The worker node's raylet killed (by its own pid) mid-run: the run stops within seconds with one
+    error line naming that node, its metrics.json is whole up to the last logged step, the newest
+    checkpoint is complete, and the same command on a healthy cluster resumes from it to the end."""
+    steps, checkpoints = 30, tmp_path / "checkpoints"
+    args = ["grpo.num_steps=30", f"checkpoint.dir={checkpoints}", "checkpoint.save_period=3",
+            "cluster.placement_strategy=STRICT_SPREAD"]
+    doomed = start_cluster(2, tmp_path / "doomed", num_cpus=1)
+    try:
+        lost = node_ids_by_index(doomed)[1]
+        command = [sys.executable, "examples/run_grpo.py", "--config", "examples/configs/grpo_arithmetic.yaml",
+                   f"model.path={tiny_model_path}", "generation.backend=hf", "generation.colocated=false",
+                   "grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=4", "grpo.val_period=0",
+                   "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16",
+                   f"logger.log_dir={tmp_path / 'logs'}", *args]
+        run = subprocess.Popen([*command, f"cluster.address={doomed.address}"], env=doomed.client_env(), cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 300
+        while not list(checkpoints.glob("step_*/COMPLETE")):
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-3000:]
+            time.sleep(0.2)
+        os.kill(doomed.raylet_pid(1), signal.SIGKILL)
+        killed = time.monotonic()
+        out, _ = run.communicate(timeout=120)
+        took = time.monotonic() - killed
+    finally:
+        doomed.stop()
+    tracker.track("seconds_from_the_raylet_kill_to_the_runs_exit", round(took, 1))
+    assert run.returncode == 1, out[-3000:]
+    assert took < 30, took
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and f"node {lost[:8]} " in errors[0], errors or out[-3000:]
+    tracker.track("error_line", errors[0])
+    metrics = json.loads((tmp_path / "logs" / "metrics.json").read_text())
+    logged = sorted(map(int, metrics["train/loss"]))
+    assert logged == list(range(1, len(logged) + 1)) and len(logged) < steps
+    newest = max(checkpoints.glob("step_*"), key=lambda path: int(path.name.split("_")[1]))
+    assert (newest / "COMPLETE").exists() and int(newest.name.split("_")[1]) <= logged[-1]
+
+    resumed = run_driver([*command[1:], f"cluster.address={two_nodes.address}"], two_nodes.client_env())
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert f"resumed from {newest} (step {newest.name.split('_')[1]})" in resumed.stdout
+    metrics = json.loads((tmp_path / "logs" / "metrics.json").read_text())
+    assert sorted(map(int, metrics["train/loss"])) == list(range(1, steps + 1))

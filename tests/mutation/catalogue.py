@@ -1110,4 +1110,9 @@ MUTANTS: tuple[Mutant, ...] = (
              "engine_nodes = policy_nodes[:1] * gen.num_engines if gen is not None else []"),),
            (f"{MULTINODE}::test_grpo_with_the_engine_on_another_node_refits_across_nodes_exactly",),
            klass="placement"),
+    Mutant("lost_node_not_named", "a worker that died with its node is reported without the node: the user "
+           "cannot tell a lost machine from a crashed process", "posttrain/distributed/worker_group.py",
+           (("where = self._where(ranks[0]) if ranks and self._nodes is not None else \"\"", "where = \"\""),),
+           (f"{MULTINODE}::test_a_lost_worker_node_ends_the_run_in_one_line_naming_it_and_the_run_resumes",),
+           klass="placement"),
 )

@@ -89,6 +89,20 @@ class LocalRayCluster:
         """The nodes other than the head."""
         return [node for node in self.nodes if not node.is_head]
 
+    def raylet_pid(self, index: int) -> int:
+        """The pid of node ``index``'s raylet (in that node's own process tree).
+
+        Raises:
+            LookupError: the node has no live raylet.
+        """
+        for pid in sorted(process_tree(self.nodes[index].pid)):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
+                    return pid
+            except OSError:
+                continue
+        raise LookupError(f"node {index} has no live raylet")
+
     def save(self) -> None:
         """Write ``nodes.json`` (what ``stop`` needs) and ``auth_token`` into the state directory."""
         Path(self.state_dir, STATE_FILE).write_text(json.dumps(asdict(self), indent=1))
