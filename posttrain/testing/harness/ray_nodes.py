@@ -269,7 +269,8 @@ def _wait_for(cluster: LocalRayCluster, resources: set[str], env: dict[str, str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line (``start`` / ``stop``; see the module doc). Exit 2 on bad arguments."""
+    """The command line (``start`` / ``stop``; see the module doc). Exit 2 on bad arguments or a
+    ``stop`` without a recorded cluster, 1 when a node did not start (one line naming its log)."""
     parser = argparse.ArgumentParser(prog="python -m posttrain.testing.harness.ray_nodes",
                                      description="start or stop a multi-node Ray cluster on this machine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -284,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "start":
         if args.nodes < 1 or args.num_cpus < 0:
             parser.error(f"--nodes must be >= 1 and --num-cpus >= 0, got {args.nodes} and {args.num_cpus}")
-        cluster = start_cluster(args.nodes, args.state, args.num_cpus, args.object_store_mb)
+        try:
+            cluster = start_cluster(args.nodes, args.state, args.num_cpus, args.object_store_mb)
+        except RuntimeError as exc:  # a node did not start or join (already stopped): one line
+            print(f"ray_nodes start: {exc}", file=sys.stderr)
+            return 1
         print(cluster.address, flush=True)
         return 0
     try:
