@@ -164,6 +164,9 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
         pol.wait_ready()
         if gen is not None:
             gen.wait_ready()
+        # where each worker runs, asked of the workers (a call, so inside the clean-up)
+        policy_nodes = pol.node_ids()
+        engine_nodes = gen.node_ids() if gen is not None else []
     except BaseException:
         for part in (gen, pol):
             if part is not None:
@@ -179,8 +182,6 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
                  else " (colocated)" if bundles == policy_workers  # the engines hold no bundle of their own
                  else "")
         engine = f"{generation.num_workers} x {backend} engine{where}"
-    policy_nodes = pol.node_ids()
-    engine_nodes = gen.node_ids() if gen is not None else []
     where_nodes = describe_placement(policy_nodes, engine_nodes, transport.node_addresses())
     print(f"runtime: {describe_policy(policy, pol)} policy, {engine}, on {cluster.device}; {where_nodes}", flush=True)
     return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer), probe,
