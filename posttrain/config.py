@@ -333,6 +333,11 @@ class ClusterConfig(Section):
     gpus_per_worker: float = Field(
         0.0, ge=0, description="GPUs per policy/generation worker; > 0 puts their models on CUDA (fractions share one)"
     )
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray's placement group strategy for the workers' bundles: PACK (as few nodes as "
+        "possible), SPREAD (as many), STRICT_PACK (one node), STRICT_SPREAD (a node per bundle: the policy and "
+        "each engine of its own on different nodes); a strategy the cluster's nodes cannot hold stops the run "
+        "before any worker starts")
 
     @property
     def device(self) -> Literal["cpu", "cuda"]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.algorithms import checkpointing
@@ -19,6 +19,7 @@ from posttrain.config import (
     resolve_precision,
 )
 from posttrain.data.chat import ChatEncoder
+from posttrain.distributed.node_placement import describe_placement, placement_metrics
 from posttrain.distributed.transport import Cluster, current_transport
 from posttrain.errors import ConfigError
 from posttrain.models.generation.backends import (
@@ -54,6 +55,7 @@ class Runtime:
     generation: Generation | None
     chat: ChatEncoder
     probe: RefitProbe | None = None
+    placement: dict[str, float] = field(default_factory=dict)  # placement_metrics of the workers' nodes
 
     @property
     def engine(self) -> Generation:
@@ -68,14 +70,16 @@ class Runtime:
 
     def resource_metrics(self, timer: Timer, step_start: float, trained: TrainResult | None) -> dict[str, float]:
         """``timing/<phase>`` and ``timing/step`` (s, since ``step_start``, a ``perf_counter``
-        reading) and ``memory/<process>_peak_rss`` (GiB) of the driver and of the policy workers:
+        reading), ``memory/<process>_peak_rss`` (GiB) of the driver and of the policy workers:
         as the step's train call ``trained`` reported it, or asked for when the step trained
-        nothing (None: an asynchronous step whose samples were all stale)."""
+        nothing (None: an asynchronous step whose samples were all stale), and ``placement/*``
+        (where the workers run: ``distributed.node_placement.placement_metrics``)."""
         metrics = timer.pop()
         metrics["timing/step"] = time.perf_counter() - step_start
         metrics["memory/driver_peak_rss"] = peak_rss_gib()
         metrics["memory/policy_peak_rss"] = (trained.peak_memory_gib if trained is not None
                                              else self.policy.peak_memory_gib())
+        metrics.update(self.placement)
         return metrics
 
     def shutdown(self) -> None:
@@ -143,7 +147,7 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     policy_workers = num_policy_workers(worker_cfg)
     bundles = (num_bundles(generation, backend, policy_workers, policy.backend, cluster.gpus_per_worker) if backend
                else policy_workers)
-    vc = transport.cluster(bundles, cluster.cpus_per_worker, cluster.gpus_per_worker)
+    vc = transport.cluster(bundles, cluster.cpus_per_worker, cluster.gpus_per_worker, cluster.placement_strategy)
     gen: Generation | None = None
     try:
         pol = Policy(vc, model_path, worker_cfg, seed, bundle_indices=list(range(policy_workers)))
@@ -160,6 +164,9 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
         pol.wait_ready()
         if gen is not None:
             gen.wait_ready()
+        # where each worker runs, asked of the workers (a call, so inside the clean-up)
+        policy_nodes = pol.node_ids()
+        engine_nodes = gen.node_ids() if gen is not None else []
     except BaseException:
         for part in (gen, pol):
             if part is not None:
@@ -175,8 +182,10 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
                  else " (colocated)" if bundles == policy_workers  # the engines hold no bundle of their own
                  else "")
         engine = f"{generation.num_workers} x {backend} engine{where}"
-    print(f"runtime: {describe_policy(policy, pol)} policy, {engine}, on {cluster.device}", flush=True)
-    return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer), probe)
+    where_nodes = describe_placement(policy_nodes, engine_nodes, transport.node_addresses())
+    print(f"runtime: {describe_policy(policy, pol)} policy, {engine}, on {cluster.device}; {where_nodes}", flush=True)
+    return Runtime(model_path, tokenizer, vc, pol, gen, ChatEncoder(tokenizer), probe,
+                   placement_metrics(policy_nodes, engine_nodes))
 
 
 def describe_policy(policy: PolicyConfig, workers: Policy | None = None) -> str:

@@ -16,6 +16,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from posttrain.distributed.node_placement import alive_node_resources, check_placement
 from posttrain.errors import ConfigError, RayStartError
 from posttrain.utils.interrupts import rearm
 
@@ -116,12 +117,15 @@ class RayVirtualCluster:
     Args:
         num_bundles: how many bundles (one worker per bundle, typically).
         num_cpus, num_gpus: resources per bundle (fractions allowed).
-        strategy: Ray placement strategy (``PACK`` keeps bundles on as few nodes as possible).
+        strategy: Ray's placement group strategy (``cluster.placement_strategy``): ``PACK`` keeps
+            bundles on as few nodes as possible, ``SPREAD`` on as many, ``STRICT_PACK`` on one node,
+            ``STRICT_SPREAD`` each on a node of its own.
         timeout_s: how long to wait for the reservation.
 
     Raises:
         ConfigError: the cluster cannot hold the request (names what was asked and what
-            the cluster has) or the reservation timed out.
+            the cluster has), its nodes cannot satisfy ``strategy`` (``check_placement``), or the
+            reservation timed out.
     """
 
     def __init__(self, num_bundles: int, num_cpus: float = 1.0, num_gpus: float = 0.0,
@@ -130,6 +134,7 @@ class RayVirtualCluster:
             raise ConfigError(f"a virtual cluster needs at least one bundle, got {num_bundles}")
         self.bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
         self.num_bundles = num_bundles
+        self.strategy = strategy
         total = ray.cluster_resources()
         for resource, amount in self.bundle.items():
             if amount * num_bundles > total.get(resource, 0.0) + 1e-9:
@@ -137,6 +142,8 @@ class RayVirtualCluster:
                     f"virtual cluster needs {amount * num_bundles:g} {resource} "
                     f"({num_bundles} bundles x {amount:g}) but the Ray cluster has {total.get(resource, 0.0):g}"
                 )
+        # Before reserving: Ray would leave a group its nodes can never hold pending until the timeout.
+        check_placement(strategy, self.bundle, num_bundles, alive_node_resources())
         self.placement_group: PlacementGroup = placement_group([dict(self.bundle)] * num_bundles, strategy=strategy)
         ready, _ = ray.wait([self.placement_group.ready()], timeout=timeout_s)
         if not ready:

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
+from posttrain.distributed.node_placement import IN_PROCESS_NODE, node_addresses
 from posttrain.distributed.ray_cluster import RayVirtualCluster, init_ray
 from posttrain.distributed.worker_group import RayActor, RayWorkerGroup, check_shards
 
@@ -56,6 +57,10 @@ class WorkerGroup(Protocol):
 
     def submit_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]: ...
 
+    def node_ids(self) -> list[str]:
+        """The node each worker runs on (Ray's node id), in rank order."""
+        ...
+
     def shutdown(self) -> None: ...
 
 
@@ -64,6 +69,7 @@ class Cluster(Protocol):
 
     num_bundles: int
     bundle: dict[str, float]
+    strategy: str  # the placement group strategy (cluster.placement_strategy)
 
     def rendezvous_address(self, bundle_index: int = 0) -> str: ...
 
@@ -85,7 +91,7 @@ class Transport(Protocol):
 
     def start(self, address: str | None, num_cpus: int | None, num_gpus: int | None) -> None: ...
 
-    def cluster(self, num_bundles: int, num_cpus: float, num_gpus: float) -> Cluster: ...
+    def cluster(self, num_bundles: int, num_cpus: float, num_gpus: float, strategy: str = "PACK") -> Cluster: ...
 
     def group(self, cluster: Cluster, actor_cls: Any, *args: Any, bundle_indices: Sequence[int] | None = None,
               reserve: bool = True, **kwargs: Any) -> WorkerGroup: ...
@@ -99,6 +105,10 @@ class Transport(Protocol):
         """A reference the driver can pass on to other workers without holding ``value``."""
         ...
 
+    def node_addresses(self) -> dict[str, str]:
+        """Node id -> IP address of the nodes workers may run on (none for workers in this process)."""
+        ...
+
 
 class RayTransport:
     """Ray: ``init_ray``, a placement group (``RayVirtualCluster``), an actor per worker."""
@@ -106,8 +116,8 @@ class RayTransport:
     def start(self, address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:
         init_ray(address=address, num_cpus=num_cpus, num_gpus=num_gpus)
 
-    def cluster(self, num_bundles: int, num_cpus: float, num_gpus: float) -> Cluster:
-        return RayVirtualCluster(num_bundles, num_cpus=num_cpus, num_gpus=num_gpus)
+    def cluster(self, num_bundles: int, num_cpus: float, num_gpus: float, strategy: str = "PACK") -> Cluster:
+        return RayVirtualCluster(num_bundles, num_cpus=num_cpus, num_gpus=num_gpus, strategy=strategy)
 
     def group(self, cluster: Cluster, actor_cls: Any, *args: Any, bundle_indices: Sequence[int] | None = None,
               reserve: bool = True, **kwargs: Any) -> WorkerGroup:
@@ -124,6 +134,9 @@ class RayTransport:
 
         return ray.put(value)
 
+    def node_addresses(self) -> dict[str, str]:
+        return node_addresses()
+
 
 def copied(value: Any) -> Any:
     """``value`` as the other side of a Ray call receives it: a deep copy through pickle."""
@@ -138,9 +151,10 @@ def worker_class(actor_cls: Any) -> type:
 class InProcessCluster:
     """A reservation that reserves nothing: the bundles it was asked for, remembered."""
 
-    def __init__(self, num_bundles: int, num_cpus: float = 1.0, num_gpus: float = 0.0):
+    def __init__(self, num_bundles: int, num_cpus: float = 1.0, num_gpus: float = 0.0, strategy: str = "PACK"):
         self.num_bundles = num_bundles
         self.bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
+        self.strategy = strategy
 
     def rendezvous_address(self, bundle_index: int = 0) -> str:
         raise NotImplementedError("in-process workers form no torch.distributed group (a Megatron or a "
@@ -202,6 +216,10 @@ class InProcessWorkerGroup:
 
     def submit_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]:
         return self.run_sharded(method, *shards, **kwargs)
+
+    def node_ids(self) -> list[str]:
+        """Every worker runs in this process: one node."""
+        return [IN_PROCESS_NODE] * len(self.workers)
 
     def shutdown(self) -> None:
         self.workers = []
@@ -270,8 +288,8 @@ class InProcessTransport:
     def start(self, address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:
         pass
 
-    def cluster(self, num_bundles: int, num_cpus: float, num_gpus: float) -> Cluster:
-        return InProcessCluster(num_bundles, num_cpus, num_gpus)
+    def cluster(self, num_bundles: int, num_cpus: float, num_gpus: float, strategy: str = "PACK") -> Cluster:
+        return InProcessCluster(num_bundles, num_cpus, num_gpus, strategy)
 
     def group(self, cluster: Cluster, actor_cls: Any, *args: Any, bundle_indices: Sequence[int] | None = None,
               reserve: bool = True, **kwargs: Any) -> WorkerGroup:
@@ -284,6 +302,9 @@ class InProcessTransport:
 
     def put(self, value: Any) -> Any:
         return value
+
+    def node_addresses(self) -> dict[str, str]:
+        return {}
 
 
 _RAY = RayTransport()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -37,6 +38,7 @@ def creation_error_line(exc: RayActorError) -> str:
 
 
 T = TypeVar("T")
+NODE_DEATH_WAIT_S = 3.0  # how long a worker's death waits for the GCS to say whether its node is gone
 
 
 def check_shards(shards: Sequence[Sequence[Any]], workers: int) -> None:
@@ -101,6 +103,10 @@ class RayActor:
         ray.kill(self.handle)
 
 
+def _node_id(_actor: Any) -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
 def _shared_bundle_env(cluster: RayVirtualCluster, bundle_index: int) -> dict[str, Any]:
     """Actor options for a worker that reserves nothing on ``bundle_index``: the bundle's GPUs
     made visible to it (Ray does so only for workers that reserve GPUs)."""
@@ -128,6 +134,7 @@ class RayWorkerGroup:
                  bundle_indices: Sequence[int] | None = None, reserve: bool = True, **kwargs: Any):
         indices = list(bundle_indices) if bundle_indices is not None else list(range(cluster.num_bundles))
         self.name = actor_cls.__ray_metadata__.class_name  # the class Ray wraps, e.g. "HfPolicyWorker"
+        self._nodes: list[str] | None = None  # each worker's node, once asked (node_ids): names a lost node
         self.workers = [
             actor_cls.options(
                 num_cpus=cluster.bundle["CPU"] if reserve else 0,
@@ -185,7 +192,10 @@ class RayWorkerGroup:
         """``ray.get(refs)``; a worker that died on the way is one line naming it.
 
         Raises:
-            WorkerDiedError: ``"<Class> worker <rank> died during <method>: <reason>"``.
+            WorkerDiedError: ``"<Class> worker <rank> died during <method>: <reason>"``; once the
+                workers' nodes are known (:meth:`node_ids`), ``"<Class> worker <rank> died during
+                <method>: node <id8> (<ip>) left the Ray cluster: <reason>"`` when the worker's
+                node is gone, else ``"... died during <method> on node <id8> (<ip>): <reason>"``.
             PosttrainError: a worker raised one (as itself, see :func:`get_unwrapped`).
         """
         try:
@@ -196,7 +206,25 @@ class RayWorkerGroup:
             who = f"{self.name} worker {ranks[0] if ranks else '?'}"
             text = str(exc).strip()
             reason = text.splitlines()[0] if text else type(exc).__name__
-            raise WorkerDiedError(f"{who} died during {method}: {reason}") from None
+            where = self._where(ranks[0]) if ranks and self._nodes is not None else ""
+            raise WorkerDiedError(f"{who} died during {method}{where}: {reason}") from None
+
+    def _where(self, rank: int) -> str:
+        """How a death message names worker ``rank``'s node: lost (no longer alive in the GCS) or not."""
+        assert self._nodes is not None
+        node = self._nodes[rank]
+        # The GCS learns of a node whose raylet died within a few seconds; a worker's death can be
+        # reported before that, so wait a little for its verdict.
+        deadline = time.monotonic() + NODE_DEATH_WAIT_S
+        while True:
+            nodes = {n["NodeID"]: n for n in ray.nodes()}
+            info = nodes.get(node, {})
+            name = f"node {node[:8]} ({info.get('NodeManagerAddress', '?')})"
+            if not info.get("Alive", False):
+                return f": {name} left the Ray cluster"
+            if time.monotonic() > deadline:
+                return f" on {name}"
+            time.sleep(0.5)
 
     def run_sharded(self, method: str, *shards: Sequence[Any], **kwargs: Any) -> list[Any]:
         """Call ``method(shards[0][rank], shards[1][rank], ..., **kwargs)`` on worker ``rank``;
@@ -217,6 +245,14 @@ class RayWorkerGroup:
         check_shards(shards, len(self.workers))
         per_worker = zip(self.workers, *shards, strict=True)
         return [getattr(w, method).remote(*args, **kwargs) for w, *args in per_worker]
+
+    def node_ids(self) -> list[str]:
+        """The Ray node id each worker runs on, in rank order: asked of the actors themselves
+        (``__ray_call__`` runs a function in the actor's process), not inferred from bundles; asked
+        once (actors do not move), then known to :meth:`gather`'s death messages."""
+        if self._nodes is None:
+            self._nodes = self.gather([w.__ray_call__.remote(_node_id) for w in self.workers], "node_ids")
+        return list(self._nodes)
 
     def shutdown(self) -> None:
         """Kill every worker (their reserved bundles stay with the cluster)."""

@@ -165,8 +165,8 @@ class RecordingTransport(InProcessTransport):
     def start(self, address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:
         self.recorder.ray_init.append({"address": address, "num_cpus": num_cpus, "num_gpus": num_gpus})
 
-    def cluster(self, num_bundles: int, num_cpus: float, num_gpus: float) -> Cluster:
-        cluster = super().cluster(num_bundles, num_cpus, num_gpus)
+    def cluster(self, num_bundles: int, num_cpus: float, num_gpus: float, strategy: str = "PACK") -> Cluster:
+        cluster = super().cluster(num_bundles, num_cpus, num_gpus, strategy)
         self.recorder.clusters.append(cluster)
         return cluster
 

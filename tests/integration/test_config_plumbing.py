@@ -577,6 +577,13 @@ def cpus_per_worker(runner: Runner, _) -> None:
     assert [c.bundle for c in run.recorder.clusters] == [{"CPU": 0.25}]
 
 
+def placement_strategy(runner: Runner, _) -> None:
+    """The placement group strategy reaches the reservation (tests/unit/distributed/test_node_placement.py
+    follows it into Ray's placement group, tests/integration/test_multinode.py across real nodes)."""
+    run = runner.sft("cluster.placement_strategy=SPREAD")
+    assert [c.strategy for c in run.recorder.clusters] == ["SPREAD"]
+
+
 def gpus_per_worker(runner: Runner, _) -> None:
     """GPUs reserved per worker, and both workers (policy and generation) put their models on
     CUDA. Moves of a model are recorded instead of done, so the workers start on a machine
@@ -660,6 +667,7 @@ PROOFS: dict[str, Callable] = {
     **{f"policy.lora.{key}": lora for key in ("rank", "alpha", "dropout", "target_modules")},
     "cluster.address": ray_start, "cluster.num_cpus": ray_start, "cluster.num_gpus": ray_start,
     "cluster.cpus_per_worker": cpus_per_worker, "cluster.gpus_per_worker": gpus_per_worker,
+    "cluster.placement_strategy": placement_strategy,
     "logger.log_dir": log_dir, "logger.print_period": print_period, "checkpoint.save_path": save_path,
 }
 

@@ -62,6 +62,8 @@ CALIBRATE = "posttrain/testing/calibrate.py"
 CALIBRATE_TESTS = "tests/unit/testing/test_calibrate.py"
 TREND = "posttrain/testing/trend.py"
 TREND_TESTS = "tests/unit/testing/test_trend.py"
+NODE_PLACEMENT = "tests/unit/distributed/test_node_placement.py"
+MULTINODE = "tests/integration/test_multinode.py"
 
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
 # the others are the classes of issue 12.
@@ -78,7 +80,9 @@ CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "sta
            # issue 36: a report (check-metrics --report) whose picture is not what was judged; bounds
            # recommended from healthy runs that are not where the stated false-alarm rate puts them
            # (check-metrics calibrate); a drift check that cannot see a run move from its history
-           "report", "calibration", "drift")
+           "report", "calibration", "drift",
+           # issue 37: workers placed elsewhere than asked, or said to be where they are not
+           "placement")
 
 
 @dataclass(frozen=True)
@@ -1187,4 +1191,35 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("trend_history_includes_failing_runs", "runs that failed their rules are part of the healthy band",
            TREND, (("history = [r for r in runs[:-1] if r.passed][-args.history:]",
                     "history = runs[:-1][-args.history:]"),), (TREND_TESTS,), klass="drift"),
+    # issue 37: placement across nodes (cluster.placement_strategy, distributed/node_placement.py)
+    Mutant("placement_strategy_key_ignored", "cluster.placement_strategy never reaches the reservation: every run "
+           "packs its workers (PACK) whatever the user asked for", "posttrain/algorithms/runtime.py",
+           (("cluster.gpus_per_worker, cluster.placement_strategy)", "cluster.gpus_per_worker)"),),
+           (f"{PLUMBING}[cluster.placement_strategy]",), klass="config"),
+    Mutant("placement_group_ignores_the_strategy", "the virtual cluster asks Ray for a PACK placement group "
+           "whatever the strategy it was given", "posttrain/distributed/ray_cluster.py",
+           (("* num_bundles, strategy=strategy)", "* num_bundles, strategy=\"PACK\")"),),
+           (f"{NODE_PLACEMENT}::test_the_strategy_reaches_the_placement_group",), klass="placement"),
+    Mutant("placement_strategy_check_skipped", "a strategy the nodes cannot hold is not refused: the placement "
+           "group waits for nodes that never come, and the run stops only at the reservation's timeout",
+           "posttrain/distributed/ray_cluster.py",
+           (("        check_placement(strategy, self.bundle, num_bundles, alive_node_resources())\n", ""),),
+           (f"{NODE_PLACEMENT}::test_a_strategy_the_nodes_cannot_hold_is_refused_before_anything_is_reserved",
+            f"{MULTINODE}::test_a_strategy_the_nodes_cannot_hold_is_one_line_and_exit_2"), klass="placement"),
+    Mutant("strict_spread_counts_nodes_too_small", "STRICT_SPREAD's check counts every node, also those too small "
+           "for a bundle: a layout Ray can never place passes", "posttrain/distributed/node_placement.py",
+           (("holding_one < num_bundles", "len(nodes) < num_bundles"),),
+           (f"{NODE_PLACEMENT}::test_strict_spread_needs_a_node_per_bundle",), klass="placement"),
+    Mutant("engine_node_taken_for_the_policys", "the engines are reported on the policy's node without asking "
+           "them: the runtime line and placement/* say the refit stays on one node when it crosses two",
+           "posttrain/algorithms/runtime.py",
+           (("engine_nodes = gen.node_ids() if gen is not None else []",
+             "engine_nodes = policy_nodes[:1] * gen.num_engines if gen is not None else []"),),
+           (f"{MULTINODE}::test_grpo_with_the_engine_on_another_node_refits_across_nodes_exactly",),
+           klass="placement"),
+    Mutant("lost_node_not_named", "a worker that died with its node is reported without the node: the user "
+           "cannot tell a lost machine from a crashed process", "posttrain/distributed/worker_group.py",
+           (("where = self._where(ranks[0]) if ranks and self._nodes is not None else \"\"", "where = \"\""),),
+           (f"{MULTINODE}::test_a_lost_worker_node_ends_the_run_in_one_line_naming_it_and_the_run_resumes",),
+           klass="placement"),
 )

@@ -157,6 +157,10 @@ class EngineGroup:
         """
         return agreed_version(self.group.run_all("weight_version"), self.who)
 
+    def node_ids(self) -> list[str]:
+        """The node each engine runs on (Ray's node id), in rank order."""
+        return self.group.node_ids()
+
     def shutdown(self) -> None:
         """Kill every engine actor (their bundles stay with the cluster)."""
         self.group.shutdown()

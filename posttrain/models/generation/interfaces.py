@@ -75,6 +75,10 @@ class Generation(RefitTarget, Protocol):
         """Block until every worker is up; raises ``WorkerStartError`` (one line) if one is not."""
         ...
 
+    def node_ids(self) -> list[str]:
+        """The node each engine runs on (Ray's node id), in rank order."""
+        ...
+
     def shutdown(self) -> None:
         """Stop the engine's workers (their reserved resources stay with the cluster)."""
         ...

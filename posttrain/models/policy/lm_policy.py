@@ -227,5 +227,9 @@ class Policy:
         (a train call reports it too: ``TrainResult.peak_memory_gib``)."""
         return max(self.group.run_all("peak_memory_gib"))
 
+    def node_ids(self) -> list[str]:
+        """The node each policy worker runs on (Ray's node id), in rank order."""
+        return self.group.node_ids()
+
     def shutdown(self) -> None:
         self.group.shutdown()

@@ -4,12 +4,14 @@ Loaded by pytest through the ``pytest11`` entry point ``posttrain``; inert unles
 sets ``posttrain_harness = true``. Then it adds ``gpu(n)`` skips, the deselection report,
 ``--fail-on-nothing-ran``, the Ray leak check and ``unit_results.json``; the ``tracker``
 fixture records per-test metrics into that file; ``repeat_index`` is the ``run_unit.sh --repeat``
-run a session is (a test derives its seeds from it).
+run a session is (a test derives its seeds from it); ``ray_nodes`` starts a multi-node Ray cluster
+on this machine.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from posttrain.testing.harness import coverage_ray, parallel, repeat, results, s
 from posttrain.testing.harness.configurations import TABLE_PATH
 from posttrain.testing.harness.machine import count_gpus
 from posttrain.testing.harness.ray_leaks import RayLeakCheck
+from posttrain.testing.harness.ray_nodes import LocalRayCluster, start_cluster
 from posttrain.testing.harness.remote_testmon import RemoteTestmon, add_remote_testmon_options, testmon_asked
 from posttrain.testing.harness.selection import Selection
 from posttrain.testing.harness.tracker import Tracker
@@ -110,6 +113,34 @@ def tracker(request: pytest.FixtureRequest) -> Tracker:
         raise pytest.UsageError("the tracker fixture needs posttrain's harness: set posttrain_harness = true "
                                 "in the pytest ini")
     return Tracker(request.node.nodeid, request.config.stash[METRICS])
+
+
+@pytest.fixture(scope="module")
+def ray_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LocalRayCluster]]:
+    """Start a real multi-node Ray cluster on this machine: ``cluster = ray_nodes(nodes=2, num_cpus=1)``.
+
+    Each node is its own ``ray start`` (raylet, object store, a ``posttrain_node_<i>`` resource;
+    ``posttrain.testing.harness.ray_nodes``); the same arguments within a module return the same
+    cluster, and every cluster the module started is stopped at its end, by its processes' own
+    pids (never ``ray stop``: other clusters on the machine are left alone). Join it from a
+    subprocess with ``env=cluster.client_env()`` (its address and its own auth token): the test
+    process keeps whatever Ray it already has.
+
+    Raises:
+        RuntimeError: a node did not start or join (its log is named).
+    """
+    started: dict[tuple[int, int, int], LocalRayCluster] = {}
+
+    def start(nodes: int = 2, num_cpus: int = 1, object_store_mb: int = 256) -> LocalRayCluster:
+        key = (nodes, num_cpus, object_store_mb)
+        if key not in started:
+            state = tmp_path_factory.mktemp(f"ray_nodes{nodes}")
+            started[key] = start_cluster(nodes, state, num_cpus=num_cpus, object_store_mb=object_store_mb)
+        return started[key]
+
+    yield start
+    for cluster in started.values():
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

@@ -56,6 +56,7 @@ METRIC_DOMAINS: tuple[tuple[str, float, float], ...] = (
     ("train/refit_logprob_error", 0.0, math.inf),
     ("val/loss", 0.0, math.inf), ("timing/", 0.0, math.inf), ("memory/", 0.0, math.inf),
     ("async/", 0.0, math.inf),  # staleness (versions), samples dropped, buffer size, overlap seconds
+    ("placement/", 0.0, math.inf),  # node counts and node numbers (0: policy rank 0's node)
 )
 # fmt: on
 

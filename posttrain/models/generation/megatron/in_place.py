@@ -226,5 +226,9 @@ class InPlaceMegatronEngine:
     def wait_ready(self) -> None:
         """Nothing to wait for: the policy's workers are the engine."""
 
+    def node_ids(self) -> list[str]:
+        """The policy's workers' nodes: they are the engine."""
+        return self.policy.node_ids()
+
     def shutdown(self) -> None:
         """Nothing to stop: the policy's workers are the engine (``Policy.shutdown`` stops them)."""

@@ -61,6 +61,10 @@ RANGES: dict[str, tuple[float, float]] = {
     "async/overlap_seconds": (0.0, INF),            # max(..., 0) seconds
     "timing/step": (0.0, INF),                      # every timing/* is seconds
     "memory/policy_peak_rss": (0.0, INF),           # every memory/* is GiB
+    "placement/engines_off_policy_node": (0.0, INF),  # every placement/* counts nodes or numbers them from 0
+    "placement/num_nodes": (0.0, INF),
+    "placement/policy0_node": (0.0, INF),
+    "placement/engine0_node": (0.0, INF),
     # unbounded: GRPO's loss is -A * ratio + beta * k3, of either sign (SFT's NLL shares the name);
     # the reward is the environment's, and the toolkit does not assume a verifier's {0, 1}
     "train/loss": (-INF, INF),

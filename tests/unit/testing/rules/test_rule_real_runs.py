@@ -12,6 +12,9 @@ repository, rounded to 5 significant digits:
 - ``sft_gsm8k.json``: a 60-step run of sft.sh's GSM8K SFT (an earlier 60-step config).
 - ``grpo_async_healthy.json``: the 300-step run of grpo_async.sh (k = 1, vLLM CPU engine, grpo.sh's
   warm start, seed 0), val/sampling_accuracy 0.186 -> 0.419 (``train/*``, ``val/*``, ``async/*``).
+- ``grpo_multinode_healthy.json``: the 300-step run of grpo_multinode.sh (two Ray nodes on one
+  machine, the vLLM CPU engine on the other node, seed 0), val/sampling_accuracy 0.186 -> 0.452,
+  probe max 5.8e-6 (``train/*``, ``val/*``, ``placement/*``).
 
 The run killed at step 42 is the healthy run cut at step 42 (runs are deterministic given the
 seed, so its log is exactly that prefix).
@@ -309,3 +312,33 @@ class TestGrpoAsyncScript:
         env, extra = grpo_async_script()
         assert check_metrics.main([str(path), *resolved_args("grpo.sh", 300, env, extra)]) == 1
         assert any(metric in row for row in failing_rows(capsys.readouterr().out))
+
+
+def grpo_multinode_rules() -> tuple[str, ...]:
+    """grpo_multinode.sh's ``GRPO_EXTRA_RULES``, as bash would split them."""
+    text = (ROOT / "tests" / "functional" / "grpo_multinode.sh").read_text()
+    return tuple(r for block in re.findall(r"GRPO_EXTRA_RULES=\((.*?)\)\n", text, re.S) for r in shlex.split(block))
+
+
+class TestGrpoMultinodeScript:
+    def test_healthy_multinode_run_passes_every_rule(self, capsys, monkeypatch):
+        monkeypatch.setenv("COLUMNS", "250")
+        extra = grpo_multinode_rules()
+        assert len(extra) == 2 and all("placement/" in r for r in extra)
+        code = check_metrics.main([str(FIXTURES / "grpo_multinode_healthy.json"),
+                                   *resolved_args("grpo.sh", 300, extra_rules=extra)])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert "FAIL" not in out and "VACUOUS" not in out
+
+    @pytest.mark.parametrize("metric", ["placement/engines_off_policy_node", "placement/num_nodes"])
+    def test_a_step_whose_engine_ran_on_the_policys_node_fails(self, tmp_path, capsys, monkeypatch, metric):
+        """What a run on one node logs (policy and engine on node 0), at one step of the 300."""
+        monkeypatch.setenv("COLUMNS", "250")
+        data = json.loads((FIXTURES / "grpo_multinode_healthy.json").read_text())
+        data[metric]["150"] = {"placement/engines_off_policy_node": 0.0, "placement/num_nodes": 1.0}[metric]
+        path = tmp_path / "one_node.json"
+        path.write_text(json.dumps(data))
+        code = check_metrics.main([str(path), *resolved_args("grpo.sh", 300, extra_rules=grpo_multinode_rules())])
+        rows = "".join(failing_rows(capsys.readouterr().out))
+        assert code == 1 and metric in rows

@@ -1,0 +1,160 @@
+"""A real multi-node Ray cluster on this machine (the harness's ``ray_nodes``: a ``ray start`` per
+node, two nodes of 1 CPU each): the nodes are separate raylets, a GRPO run puts its policy and its
+engine on different nodes with ``cluster.placement_strategy=STRICT_SPREAD`` and refits across them
+exactly, a strategy the nodes cannot hold stops the run in one line (exit 2), and stopping the
+cluster leaves none of its processes behind; a lost worker node ends a run in one line naming it, and
+the run resumes from its last checkpoint on a healthy cluster.
+
+The drivers run as subprocesses (the real entry point, ``cluster.address=...``): this process keeps
+the session's own Ray, and one process can join one cluster only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from posttrain.testing.harness.ray_nodes import process_tree, start_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+LIST_NODES = """
+import json, ray
+ray.init(logging_level="ERROR", log_to_driver=False)
+print(json.dumps([{"id": n["NodeID"], "cpus": n["Resources"].get("CPU"), "store": n["ObjectStoreSocketName"],
+                   "raylet": n["RayletSocketName"],
+                   "names": sorted(k for k in n["Resources"] if k.startswith("posttrain_node_"))}
+                  for n in ray.nodes() if n["Alive"]]))
+"""
+
+
+def run_driver(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+
+
+def grpo(cluster, tmp_path: Path, model: str, *overrides: str) -> subprocess.CompletedProcess[str]:
+    return run_driver(["examples/run_grpo.py", "--config", "examples/configs/grpo_arithmetic.yaml",
+                       f"cluster.address={cluster.address}", f"model.path={model}", "generation.backend=hf",
+                       "generation.colocated=false", "grpo.num_steps=2", "grpo.num_prompts_per_step=4",
+                       "grpo.completions_per_prompt=4", "grpo.val_period=0", "policy.train_global_batch_size=16",
+                       "policy.train_micro_batch_size=16", "policy.precision=fp32",
+                       f"logger.log_dir={tmp_path / 'logs'}", *overrides], cluster.client_env())
+
+
+@pytest.fixture(scope="module")
+def two_nodes(ray_nodes):
+    return ray_nodes(nodes=2, num_cpus=1)
+
+
+def test_each_node_is_a_raylet_with_its_own_object_store(two_nodes):
+    out = run_driver(["-c", LIST_NODES], two_nodes.client_env(), timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    nodes = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sorted(n["names"][0] for n in nodes) == ["posttrain_node_0", "posttrain_node_1"]
+    assert [n["cpus"] for n in nodes] == [1.0, 1.0]
+    for part in ("id", "store", "raylet"):
+        assert len({n[part] for n in nodes}) == 2, part
+
+
+def test_grpo_with_the_engine_on_another_node_refits_across_nodes_exactly(two_nodes, tmp_path, tiny_model_path):
+    out = grpo(two_nodes, tmp_path, tiny_model_path, "cluster.placement_strategy=STRICT_SPREAD")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    listing = json.loads(run_driver(["-c", LIST_NODES], two_nodes.client_env(), 120).stdout.strip().splitlines()[-1])
+    line = next(line for line in out.stdout.splitlines() if line.startswith("runtime: "))
+    named = re.search(r"policy on node 0, engine on node 1 \(node 0 = \S+ (\w{8}), node 1 = \S+ (\w{8})\)$", line)
+    assert named, line
+    assert {named[1], named[2]} == {n["id"][:8] for n in listing}  # the cluster's two nodes, one each
+    metrics = json.loads((tmp_path / "logs" / "metrics.json").read_text())
+    assert metrics["placement/num_nodes"] == {"1": 2.0, "2": 2.0}
+    assert metrics["placement/engines_off_policy_node"] == {"1": 1.0, "2": 1.0}  # each refit crossed nodes
+    assert metrics["placement/engine0_node"] == {"1": 1.0, "2": 1.0}
+    assert max(metrics["train/refit_logprob_error"].values()) == 0.0  # fp32 both sides: the same weights
+
+
+def test_a_strategy_the_nodes_cannot_hold_is_one_line_and_exit_2(two_nodes, tmp_path, tiny_model_path):
+    # 3 bundles of 0.5 CPU fit the cluster's 2 CPUs, but not one per node on 2 nodes
+    out = grpo(two_nodes, tmp_path, tiny_model_path, "cluster.placement_strategy=STRICT_SPREAD",
+               "generation.num_workers=2", "cluster.cpus_per_worker=0.5")
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-3000:]
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert lines == ["error: cluster.placement_strategy=STRICT_SPREAD needs 3 nodes that can each hold a bundle "
+                     "{'CPU': 0.5} (one per worker), the Ray cluster has 2 (of 2 nodes)"]
+    assert not (tmp_path / "logs" / "metrics.json").exists()
+
+
+def test_stopping_a_cluster_ends_every_process_of_its_nodes_and_only_those(tmp_path):
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # must survive
+    cluster = start_cluster(2, tmp_path, num_cpus=0)
+    try:
+        trees = [process_tree(node.pid) for node in cluster.nodes]
+        assert all(len(tree) > 2 for tree in trees)  # ray start, its raylet, the GCS or agents, ...
+    finally:
+        cluster.stop()
+    still = {pid for tree in trees for pid in tree if Path(f"/proc/{pid}").exists()
+             and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"}
+    try:
+        assert still == set()
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def node_ids_by_index(cluster) -> dict[int, str]:
+    out = run_driver(["-c", LIST_NODES], cluster.client_env(), timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return {int(n["names"][0].rsplit("_", 1)[1]): n["id"] for n in json.loads(out.stdout.strip().splitlines()[-1])}
+
+
+def test_a_lost_worker_node_ends_the_run_in_one_line_naming_it_and_the_run_resumes(two_nodes, tmp_path,
+                                                                                      tiny_model_path, tracker):
+    """The worker node's raylet killed (by its own pid) mid-run: the run stops within seconds with one
+    error line naming that node, its metrics.json is whole up to the last logged step, the newest
+    checkpoint is complete, and the same command on a healthy cluster resumes from it to the end."""
+    steps, checkpoints = 30, tmp_path / "checkpoints"
+    args = ["grpo.num_steps=30", f"checkpoint.dir={checkpoints}", "checkpoint.save_period=3",
+            "cluster.placement_strategy=STRICT_SPREAD"]
+    doomed = start_cluster(2, tmp_path / "doomed", num_cpus=1)
+    try:
+        lost = node_ids_by_index(doomed)[1]
+        command = [sys.executable, "examples/run_grpo.py", "--config", "examples/configs/grpo_arithmetic.yaml",
+                   f"model.path={tiny_model_path}", "generation.backend=hf", "generation.colocated=false",
+                   "grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=4", "grpo.val_period=0",
+                   "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16",
+                   f"logger.log_dir={tmp_path / 'logs'}", *args]
+        run = subprocess.Popen([*command, f"cluster.address={doomed.address}"], env=doomed.client_env(), cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 300
+        while not list(checkpoints.glob("step_*/COMPLETE")):
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-3000:]
+            time.sleep(0.2)
+        os.kill(doomed.raylet_pid(1), signal.SIGKILL)
+        killed = time.monotonic()
+        out, _ = run.communicate(timeout=120)
+        took = time.monotonic() - killed
+    finally:
+        doomed.stop()
+    tracker.track("seconds_from_the_raylet_kill_to_the_runs_exit", round(took, 1))
+    assert run.returncode == 1, out[-3000:]
+    assert took < 30, took
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and f"node {lost[:8]} " in errors[0], errors or out[-3000:]
+    tracker.track("error_line", errors[0])
+    metrics = json.loads((tmp_path / "logs" / "metrics.json").read_text())
+    logged = sorted(map(int, metrics["train/loss"]))
+    assert logged == list(range(1, len(logged) + 1)) and len(logged) < steps
+    newest = max(checkpoints.glob("step_*"), key=lambda path: int(path.name.split("_")[1]))
+    assert (newest / "COMPLETE").exists() and int(newest.name.split("_")[1]) <= logged[-1]
+
+    resumed = run_driver([*command[1:], f"cluster.address={two_nodes.address}"], two_nodes.client_env())
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert f"resumed from {newest} (step {newest.name.split('_')[1]})" in resumed.stdout
+    metrics = json.loads((tmp_path / "logs" / "metrics.json").read_text())
+    assert sorted(map(int, metrics["train/loss"])) == list(range(1, steps + 1))
