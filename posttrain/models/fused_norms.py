@@ -59,6 +59,5 @@ def use_fused_rms_norm(model: torch.nn.Module) -> int:
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if type(child).__name__ in STANDARD_RMSNORMS]
     for parent, name, child in targets:
-        weight, eps = getattr(child, "weight"), getattr(child, "variance_epsilon")  # noqa: B009 (typed Any)
-        setattr(parent, name, FusedRMSNorm(weight, float(eps)))
+        setattr(parent, name, FusedRMSNorm(child.get_parameter("weight"), float(vars(child)["variance_epsilon"])))
     return len(targets)
