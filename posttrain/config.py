@@ -170,6 +170,19 @@ class PolicyConfig(Section):
     compile: bool = Field(False, description="hf backend: torch.compile the trained model's forward in place "
                           "(fused kernels: ~1.5x tokens/s on an H100 at 0.39B; costs compile time at the first "
                           "steps and again for each new sequence-length bucket)")
+    reference_timing_period: int = Field(
+        0, ge=0, description="hf backend: every N-th train call the worker also times plain torch's forward and "
+        "backward of the same model on the same micro-batches (gradients dropped, RNG restored) and logs "
+        "timing/train_over_reference, the train call's seconds over it: a step-time ratio that the machine and "
+        "its load cancel out of, for performance gates; 0: off")
+
+    @model_validator(mode="after")
+    def _reference_timing_on_one_hf_worker(self) -> PolicyConfig:
+        if self.reference_timing_period and (self.backend != "hf" or self.data_parallel_size != 1):
+            raise ValueError(f"reference_timing_period={self.reference_timing_period} needs backend=hf and "
+                             f"data_parallel_size=1 (its reference is one torch model's forward and backward), got "
+                             f"backend={self.backend}, data_parallel_size={self.data_parallel_size}")
+        return self
 
     @model_validator(mode="after")
     def _micro_fits_global(self) -> PolicyConfig:

@@ -25,6 +25,11 @@ pytest_plugins = ["pytester"] if _autoloaded else ["pytester", HARNESS]
 # ray first): under `uv run python -m pytest` it would start every worker through `uv run`, which
 # rebuilds the worker's environment, as run_unit.sh and run_mutants.py already prevent.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# The functional scripts' check_run archives every checked run into the user's
+# ~/.cache/posttrain/functional_history, which functional-trend reads as the script's history: the
+# tests that source common.sh must not add their made-up runs there (test_trend.py turns it back on
+# with a cache of its own).
+os.environ.setdefault("FUNCTIONAL_HISTORY", "0")
 
 
 @pytest.fixture(scope="session")

@@ -72,10 +72,16 @@ class Runtime:
         """``timing/<phase>`` and ``timing/step`` (s, since ``step_start``, a ``perf_counter``
         reading), ``memory/<process>_peak_rss`` (GiB) of the driver and of the policy workers:
         as the step's train call ``trained`` reported it, or asked for when the step trained
-        nothing (None: an asynchronous step whose samples were all stale), and ``placement/*``
-        (where the workers run: ``distributed.node_placement.placement_metrics``)."""
+        nothing (None: an asynchronous step whose samples were all stale), ``placement/*``
+        (where the workers run: ``distributed.node_placement.placement_metrics``), and on the
+        steps that timed the plain torch reference (``policy.reference_timing_period``) its
+        :attr:`TrainResult.timing` and ``timing/step_over_reference`` (the whole step's seconds
+        over the reference's)."""
         metrics = timer.pop()
         metrics["timing/step"] = time.perf_counter() - step_start
+        if trained is not None and trained.timing:
+            metrics.update(trained.timing)
+            metrics["timing/step_over_reference"] = metrics["timing/step"] / trained.timing["timing/reference_step"]
         metrics["memory/driver_peak_rss"] = peak_rss_gib()
         metrics["memory/policy_peak_rss"] = (trained.peak_memory_gib if trained is not None
                                              else self.policy.peak_memory_gib())

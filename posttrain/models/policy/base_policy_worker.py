@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -154,14 +155,34 @@ class PolicyWorkerBase(WeightSender):
 
     def train_step(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn,
                    step_rows: list[int] | None = None,
-                   template: TokenBatch | None = None) -> tuple[Metrics, int, float, torch.Tensor | None]:
+                   template: TokenBatch | None = None
+                   ) -> tuple[Metrics, int, float, torch.Tensor | None, dict[str, float]]:
         """:meth:`train` (a data-parallel rank: on its rows, ``step_rows`` and ``template`` as
         there), then what the driver asks next, in the same call: ``(metrics, weight_version
-        after the step, peak resident memory GiB, old logprobs)``, the last :attr:`old_logprobs`
-        (``[B, L]`` float32 on the CPU, or None)."""
+        after the step, peak resident memory GiB, old logprobs, timing)``, the last
+        :attr:`old_logprobs` (``[B, L]`` float32 on the CPU, or None); ``timing`` is
+        :attr:`TrainResult.timing`, measured on every ``policy.reference_timing_period``-th call
+        (``models.policy.reference_timing``), else empty."""
+        period = self.cfg.reference_timing_period
+        timed = period > 0 and (self.weight_version + 1) % period == 0
+        start = time.perf_counter()
         metrics = self.train(batch, extra, loss_fn, step_rows=step_rows, template=template)
+        timing: dict[str, float] = {}
+        if timed:
+            train_seconds = time.perf_counter() - start
+            mbs = self.cfg.train_micro_batch_size
+            micro = [batch.select(slice(i, i + mbs)).to(self.device) for i in range(0, len(batch), mbs)]
+            reference = self._reference_seconds(micro)
+            timing = {"timing/train_worker": train_seconds, "timing/reference_step": reference,
+                      "timing/train_over_reference": train_seconds / reference}
         old = self.old_logprobs.cpu() if self.old_logprobs is not None else None
-        return metrics, self.weight_version, peak_rss_gib(), old
+        return metrics, self.weight_version, peak_rss_gib(), old, timing
+
+    def _reference_seconds(self, micro: list[TokenBatch]) -> float:
+        """Seconds of plain torch's forward and backward of this worker's model over ``micro``
+        (``reference_timing.reference_forward_backward_seconds``); a backend that has none
+        raises NotImplementedError (the config refuses the key there)."""
+        raise NotImplementedError(f"{type(self).__name__} has no plain torch reference step")
 
     def refit_dtype(self) -> torch.dtype:
         return getattr(torch, engine_dtype(self.cfg.resolved_precision))

@@ -24,6 +24,7 @@ from posttrain.errors import ConfigError
 from posttrain.models.fused_norms import use_fused_rms_norm
 from posttrain.models.policy import lora
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
+from posttrain.models.policy.reference_timing import reference_forward_backward_seconds
 from posttrain.models.precision import use_tf32_for_fp32
 from posttrain.ops import chunked_completion_logprobs, completion_logits, completion_positions
 from posttrain.utils.checkpoint import atomic_dir
@@ -240,6 +241,10 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         compute_dtype = torch.bfloat16 if self.precision == "bf16-mixed" else None  # as autocast's lm_head
         return chunked_completion_logprobs(completion_logits(hidden, batch.prompt_lens, width), head.weight, targets,
                                            chunk, self.cfg.temperature, top_k, top_p, with_entropy, compute_dtype)
+
+    def _reference_seconds(self, micro: list[TokenBatch]) -> float:
+        return reference_forward_backward_seconds(self.model, micro, self._autocast,
+                                                  list(self.trainable_parameters()))
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

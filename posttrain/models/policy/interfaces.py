@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -25,12 +25,16 @@ class TrainResult:
         old_logprobs: ``[B, L]`` float32 logprobs of the batch under the weights the call
             started from, scored by the worker in the call (rank 0's); None when the loss
             reads none.
+        timing: ``timing/train_worker``, ``timing/reference_step`` (s) and
+            ``timing/train_over_reference`` on the calls that timed the plain torch reference
+            (``policy.reference_timing_period``; rank 0's), else empty.
     """
 
     metrics: Metrics
     weight_version: int
     peak_memory_gib: float
     old_logprobs: torch.Tensor | None
+    timing: dict[str, float] = field(default_factory=dict)
 
 
 class LossFn(Protocol):

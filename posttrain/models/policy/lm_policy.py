@@ -127,9 +127,9 @@ class Policy:
         if self.data_parallel_size > 1:
             return self._train_data_parallel(batch, extra, loss_fn)
         results = self.group.run_all("train_step", batch, extra, loss_fn)
-        metrics, version, _, old_logprobs = results[0]
+        metrics, version, _, old_logprobs, timing = results[0]
         self._version = version
-        return TrainResult(metrics, version, max(peak for _, _, peak, _ in results), old_logprobs)
+        return TrainResult(metrics, version, max(result[2] for result in results), old_logprobs, timing)
 
     def _train_data_parallel(self, batch: TokenBatch, extra: dict[str, torch.Tensor], loss_fn: LossFn) -> TrainResult:
         """Each rank trains on its rows of every global batch (``global_batch_shards``); the
@@ -140,14 +140,14 @@ class Policy:
         results = self.group.run_sharded(
             "train_step", [batch.select(i) for i in index], [{k: v[i] for k, v in extra.items()} for i in index],
             [loss_fn] * len(index), [steps for _, steps in shares], template=batch.select(slice(0, 1)))
-        metrics, version, _, _ = results[0]
+        metrics, version = results[0][:2]
         old_logprobs = None
         if results[0][3] is not None:  # each rank's rows, back in the batch's order
             old_logprobs = torch.zeros(batch.completion_mask.shape)
-            for i, (_, _, _, old) in zip(index, results, strict=True):
-                old_logprobs[i] = old
+            for i, result in zip(index, results, strict=True):
+                old_logprobs[i] = result[3]
         self._version = version
-        return TrainResult(metrics, version, max(peak for _, _, peak, _ in results), old_logprobs)
+        return TrainResult(metrics, version, max(result[2] for result in results), old_logprobs)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Current weights (Hugging Face names, CPU tensors in the engine's dtype), fetched to

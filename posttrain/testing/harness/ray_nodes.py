@@ -89,6 +89,28 @@ class LocalRayCluster:
         """The nodes other than the head."""
         return [node for node in self.nodes if not node.is_head]
 
+    def actor_pid(self, actor_class: str) -> tuple[int, int]:
+        """``(node index, pid)`` of the one process of this cluster's nodes that holds an actor of
+        class ``actor_class`` (Ray titles an actor's process ``ray::<Class>`` or
+        ``ray::<Class>.<method>``). Only the nodes' own process trees are looked at, so no process
+        of another cluster on the machine can be picked.
+
+        Raises:
+            LookupError: no such process, or several (the caller would not know which to kill).
+        """
+        found = []
+        for index, node in enumerate(self.nodes):
+            for pid in sorted(process_tree(node.pid)):
+                try:
+                    title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                except OSError:
+                    continue
+                if title == f"ray::{actor_class}" or title.startswith(f"ray::{actor_class}."):
+                    found.append((index, pid))
+        if len(found) != 1:
+            raise LookupError(f"{len(found)} processes of actor class {actor_class} on the cluster's nodes: {found}")
+        return found[0]
+
     def raylet_pid(self, index: int) -> int:
         """The pid of node ``index``'s raylet (in that node's own process tree).
 

@@ -114,7 +114,8 @@ def test_common_sh_archives_each_checked_run_and_keeps_the_newest(tmp_path) -> N
     (work / "check_report.json").write_text("[]")
     script = (f"source {ROOT}/tests/functional/common.sh; WORK={work}; "
               f"archive_run {work}/metrics.json {work}/check_report.json")
-    env = {**os.environ, "POSTTRAIN_CACHE": str(tmp_path / "cache"), "FUNCTIONAL_HISTORY_KEEP": "2"}
+    env = {**os.environ, "POSTTRAIN_CACHE": str(tmp_path / "cache"), "FUNCTIONAL_HISTORY_KEEP": "2",
+           "FUNCTIONAL_HISTORY": "1"}
     subprocess.run(["bash", "-c", script], check=True, env=env, capture_output=True)
     kept = sorted(p.name for p in history.iterdir())
     assert len(kept) == 2 and kept[0] == "20200102T000000Z_bbbbbbbbbbbb"
