@@ -2,8 +2,10 @@
 node, two nodes of 1 CPU each): the nodes are separate raylets, a GRPO run puts its policy and its
 engine on different nodes with ``cluster.placement_strategy=STRICT_SPREAD`` and refits across them
 exactly, a strategy the nodes cannot hold stops the run in one line (exit 2), and stopping the
-cluster leaves none of its processes behind; a lost worker node ends a run in one line naming it, and
-the run resumes from its last checkpoint on a healthy cluster.
+cluster leaves none of its processes behind. Faults: a lost worker node (its raylet SIGKILLed) and a
+killed engine actor (SIGKILL to its process, the node alive) each end a run in one line naming what
+was lost, nothing logged or checkpointed is lost, and the run resumed on a healthy cluster logs
+exactly what an uninterrupted run logged.
 
 The drivers run as subprocesses (the real entry point, ``cluster.address=...``): this process keeps
 the session's own Ray, and one process can join one cluster only.
