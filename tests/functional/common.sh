@@ -189,6 +189,25 @@ grpo_functional() {
   # are the extremes of ~1,000 tokens, and one token's ratio fell to 0.007 in a healthy run
   # (seed 2). The weight-sync probe after every refit (the run itself stops past
   # generation.refit_probe.max_logprob_error) must stay at float rounding: fp32 on both sides.
+  #
+  # Each bound's source: `check-metrics calibrate` on grpo.sh's runs (docs/testing.md "Calibrating
+  # bounds"), 7 healthy runs (seeds 0-5 on the AMD EPYC, 2 cores, vLLM; seed 0 on the H200 host's Xeon
+  # pinned to 2 cores, hf), false-alarm rate 0.01, Nov 27: the healthy [min, max], the recommended
+  # bound (rec). These rules are shared by every GRPO script (non-colocated, LoRA, async, multinode,
+  # data parallel, Megatron, GPU), so a bound stays wider than grpo.sh's own rec where the others were
+  # not calibrated with the tool. Broken runs: advantage_sign_flipped fails the gain (-0.186), the
+  # reward rule, grad norm > 0 and groups kept > 0; train_step_recomputes_forwards fails the gate only.
+  #   gain >= 0.02                [0.225, 0.336], rec 0.148. Kept: the 24-run table above (3 machine
+  #                               kinds) had worst 0.140 on an H100, which 0.148 would fail
+  #   reward last 10% > first     last - first in [0.148, 0.294], rec > 0.040; kept at > 0
+  #   grad norm < 100             [10.2, 60.6], rec 89; kept (the LoRA and Megatron runs are not calibrated)
+  #   loss < 10                   [0.023, 0.071], rec 0.107; kept: a divergence guard for all scripts
+  #   median ratio min > 0.5      [0.698, 0.917], rec 0.528;  median ratio max < 2: [1.084, 1.353], rec 1.58
+  #   mean clip fraction < 0.05   [0.004, 0.017], rec 0.024;  max clip fraction < 0.3: [0.066, 0.167], rec 0.24
+  #   probe errors < 3e-4         [0, 7.4e-5], rec 1.05e-4. Was 1e-4: seed 3 logged 7.4e-5 at one step
+  #                               (vLLM's CPU kernels, fp32; the other 299 steps <= 2.1e-5): 1.35x from a
+  #                               false FAIL. 3e-4 is 4x the worst seen, 3x under the probe's own fp32 stop (1e-3)
+  #   entropy > 0.05 (pack)       [0.152, 0.310], rec 0.027; kept (grpo pack)
   check_run "$WORK/logs" --expect-steps "$expect_steps" --pack grpo \
     "mean(data[\"val/sampling_accuracy\"], -1) - data[\"val/sampling_accuracy\"][\"0\"] >= ${MIN_VAL_GAIN:-0.02}" \
     "mean(data[\"train/reward_mean\"], -$tenth) > mean(data[\"train/reward_mean\"], 1, $((tenth + 1)))" \
@@ -198,8 +217,8 @@ grpo_functional() {
     "median(data[\"train/probs_ratio_max\"]) < ${PROBS_RATIO_MAX:-2}" \
     "mean(data[\"train/clip_fraction\"]) < ${CLIP_FRACTION_MEAN:-0.05}" \
     'max(data["train/clip_fraction"]) < 0.3' \
-    'max(data["train/refit_logprob_error"]) < 1e-4' \
-    'max(data["train/refit_token_mult_prob_error"]) - 1 < 1e-4' \
+    'max(data["train/refit_logprob_error"]) < 3e-4' \
+    'max(data["train/refit_token_mult_prob_error"]) - 1 < 3e-4' \
     ${GRPO_EXTRA_RULES[@]+"${GRPO_EXTRA_RULES[@]}"}
 }
 

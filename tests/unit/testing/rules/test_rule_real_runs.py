@@ -16,6 +16,11 @@ repository, rounded to 5 significant digits:
   machine, the vLLM CPU engine on the other node, seed 0), val/sampling_accuracy 0.186 -> 0.452,
   probe max 5.8e-6 (``train/*``, ``val/*``, ``placement/*``).
 
+- ``grpo_step_time_healthy.json`` / ``grpo_step_time_slowed.json``: the step-time gate's series
+  (``timing/train_over_reference`` and its two timings, every 5th step) of grpo.sh seed 4 (the
+  highest healthy median of the calibration, 1.493) and of grpo.sh seed 0 under the catalogue mutant
+  ``train_step_recomputes_forwards`` (a 2x train step; median 2.556), AMD EPYC, 2 cores, Nov 27.
+
 The run killed at step 42 is the healthy run cut at step 42 (runs are deterministic given the
 seed, so its log is exactly that prefix).
 """
@@ -131,6 +136,36 @@ class TestGrpoScript:
         data = normalize(json.loads((FIXTURES / "grpo_vllm_healthy.json").read_text()))
         results = run_checks(data, [RuleSpec(r) for r in rules], CheckOptions(expect_steps=300))
         assert [r.status for r in results] == ["PASS"] * len(rules)
+
+
+def grpo_sh_gate_rule(env: dict[str, str] | None = None) -> str:
+    """grpo.sh's step-time gate (its GRPO_EXTRA_RULES entry), ``${NAME:-default}`` resolved as bash would."""
+    text = (ROOT / "tests" / "functional" / "grpo.sh").read_text()
+    entry = re.search(r'^GRPO_EXTRA_RULES=\("(.*)"\)$', text, re.M)
+    assert entry, "grpo.sh has no GRPO_EXTRA_RULES=(...) line"
+    rule = entry.group(1).replace('\\"', '"')
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: (env or {}).get(m.group(1), m.group(2)), rule)
+
+
+class TestGrpoStepTimeGate:
+    """grpo.sh's step-time gate on real runs: the highest healthy run of its calibration passes, the
+    run whose train step was made 2x slower fails, and grpo.sh turns the timing on."""
+
+    def test_the_highest_healthy_run_passes_and_the_slowed_run_fails(self, capsys):
+        rule = grpo_sh_gate_rule()
+        assert rule.startswith('median(data["timing/train_over_reference"]) < ')
+        assert check_metrics.main([str(FIXTURES / "grpo_step_time_healthy.json"), rule]) == 0
+        assert check_metrics.main([str(FIXTURES / "grpo_step_time_slowed.json"), rule]) == 1
+        capsys.readouterr()
+
+    def test_the_bound_can_be_set_from_the_environment(self, capsys):
+        rule = grpo_sh_gate_rule({"TRAIN_OVER_REFERENCE_MAX": "3"})
+        assert check_metrics.main([str(FIXTURES / "grpo_step_time_slowed.json"), rule]) == 0
+        capsys.readouterr()
+
+    def test_grpo_sh_times_the_reference(self):
+        assert "\ngrpo_functional grpo generation.colocated=true policy.reference_timing_period=5 " in (
+            ROOT / "tests" / "functional" / "grpo.sh").read_text()
 
 
 class TestSftScript:
