@@ -1,7 +1,7 @@
 """The HF policy worker's train step on padded rows against the same step with sequence packing.
 
     python benchmarks/packing_bench.py [--shape small|0.4b|tiny] [--rows 16] [--steps 5]
-        [--precision fp32] [--device cpu|cuda] [--attn-implementation sdpa|eager|flex_attention]
+        [--precision fp32] [--device cpu|cuda]
 
 One GRPO train step (``HfPolicyWorkerImpl.train``: forward, fp32 logprobs, clipped loss,
 backward, clip, AdamW) of two workers built from the same directory, one with
@@ -11,12 +11,6 @@ prompts of 60-140 tokens, completions drawn from an exponential of mean 120 toke
 512; ``make_batch`` pads every row to the longest prompt plus the completion bucket (512), so
 most of a padded row is padding. Prints the real and padded token counts, seconds per step
 (median of ``--steps``), real tokens/s on each side and the packed/padded speed-up.
-
-``--attn-implementation`` is the packing worker's ``policy.attn_implementation`` (the padded
-worker always runs sdpa): ``flex_attention`` (CUDA only) compares padded sdpa with packed
-FlexAttention, whose block-sparse mask skips the blocks between the packed sequences. Its
-kernels compile in the warm-up step (tens of seconds); every step trains the same batch, so no
-timed step recompiles.
 
 Shapes: ``small`` (hidden 256, 4 layers, vocabulary 32,000: minutes on 2 CPU cores), ``0.4b``
 (train_step_bench's Qwen2 shape, for a GPU), ``tiny`` (seconds; no meaningful numbers).
@@ -57,8 +51,6 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16-mixed", "bf16"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--attn-implementation", default="sdpa", choices=["sdpa", "eager", "flex_attention"],
-                        help="policy.attn_implementation of the packing worker (the padded one runs sdpa)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         build_model(args.shape, Path(tmp))
@@ -69,8 +61,7 @@ def main() -> None:
             cfg = PolicyWorkerConfig.model_validate({
                 "precision": args.precision, "device": args.device, "lr": 1e-6, "num_threads": args.threads,
                 "train_global_batch_size": args.rows, "train_micro_batch_size": args.rows,
-                "logprob_batch_size": args.rows, "reference": False, "sequence_packing": packing,
-                "attn_implementation": args.attn_implementation if packing else "sdpa"})
+                "logprob_batch_size": args.rows, "reference": False, "sequence_packing": packing})
             workers[name] = HfPolicyWorkerImpl(tmp, cfg)
         times: dict[str, list[float]] = {name: [] for name in workers}
         for i in range(args.steps + 1):
@@ -80,9 +71,8 @@ def main() -> None:
                 if i >= 1:
                     times[name].append(time.perf_counter() - start)
     real, padded = int(batch.attention_mask.sum()), batch.attention_mask.numel()
-    print(f"shape {args.shape}, {args.rows} rows, {args.precision} on {args.device} ({args.threads} threads), "
-          f"padded sdpa vs packed {args.attn_implementation}: {real} real tokens of {padded} padded "
-          f"({real / padded:.0%})")
+    print(f"shape {args.shape}, {args.rows} rows, {args.precision} on {args.device} ({args.threads} threads): "
+          f"{real} real tokens of {padded} padded ({real / padded:.0%})")
     median = {name: statistics.median(seconds) for name, seconds in times.items()}
     for name, seconds in times.items():
         print(f"  {name:6s} {median[name]:.3f} s/step (min {min(seconds):.3f}, max {max(seconds):.3f}), "

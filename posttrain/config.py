@@ -158,16 +158,7 @@ class PolicyConfig(Section):
         False, description="hf backend: each forward pass runs on the rows' real tokens laid end to end in one "
         "row (position ids restart per sequence; transformers keeps attention within each sequence), and the output "
         "layer on the completion tokens only: no compute on padding; the loss, micro-batches and metrics are "
-        "unchanged. Attention over the packed row costs its length squared with sdpa's dense mask; "
-        "attn_implementation=flex_attention (CUDA) computes only the blocks within each sequence")
-    attn_implementation: Literal["sdpa", "eager", "flex_attention"] = Field(
-        "sdpa", description="hf backend: the attention transformers runs in the trained model and its reference "
-        "(from_pretrained's attn_implementation). sdpa: torch's scaled_dot_product_attention (a packed row's "
-        "block-diagonal mask is a dense [T, T] mask, all of it computed); eager: transformers' matmul-softmax-matmul "
-        "(the [heads, S, S] scores in memory; a reference); flex_attention: torch's FlexAttention, compiled, whose "
-        "block-sparse mask skips the blocks a packed row's sequences never attend to (with sequence_packing, the "
-        "attention costs the sequences' lengths squared, not the row's); CUDA only (no backward on a CPU), and the "
-        "first step, and the second packed length, compile its kernels")
+        "unchanged. Attention over the packed row costs its length squared with sdpa's dense mask (CPU)")
     num_threads: int = Field(1, ge=1, description="torch CPU threads of the worker")
     data_parallel_size: int = Field(
         1, ge=1, description="hf backend: policy workers, each training on its share of every global batch (torch "
@@ -244,14 +235,6 @@ class PolicyConfig(Section):
                      else "compile=true (a compiled forward is not sharded yet)" if self.compile else None)
             if other:
                 raise ValueError(f"data_parallel_size={dp} cannot be combined with {other}")
-        return self
-
-    @model_validator(mode="after")
-    def _attn_implementation_on_hf_only(self) -> PolicyConfig:
-        if self.attn_implementation != "sdpa" and self.backend != "hf":
-            raise ValueError(f"attn_implementation={self.attn_implementation} needs backend=hf (it picks a "
-                             f"transformers model's attention; megatron-core's is policy.megatron.layer_spec), got "
-                             f"backend={self.backend}")
         return self
 
     @model_validator(mode="after")

@@ -726,9 +726,6 @@ PROVEN_ELSEWHERE: dict[str, str] = {
     # likewise: the worker test varies the key and compares both scorings (and the refusals)
     "policy.sequence_packing": "tests/unit/models/policy/test_sequence_packing.py::"
                                "test_a_packing_worker_scores_and_trains_as_the_padded_worker",
-    # on a CPU as eager (flex_attention trains on CUDA only): both models are built with it
-    "policy.attn_implementation": "tests/unit/models/policy/test_attn_implementation.py::"
-                                  "test_the_key_reaches_the_policy_and_its_reference",
     "policy.logprob_chunk_tokens": "tests/unit/models/policy/test_logprob_chunks.py::"
                                    "test_a_chunked_worker_scores_and_trains_as_the_full_logits_worker",
     "generation.refit_transport": BROADCAST + "test_refit_transport_object_store_sends_no_broadcast",

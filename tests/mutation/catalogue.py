@@ -1122,11 +1122,6 @@ MUTANTS: tuple[Mutant, ...] = (
                                     "            if False:\n                raise ValueError(f\"{key} cannot be"),),
            ("tests/unit/models/policy/test_logprob_chunks.py::"
             "test_what_output_layer_scoring_cannot_serve_is_refused_in_one_line",), klass="config"),
-    Mutant("attn_implementation_ignored", "policy.attn_implementation never reaches from_pretrained: the worker "
-           "runs sdpa whatever the config says (with packing, the dense [T, T] mask the key exists to avoid)",
-           HF_WORKER, (("attn_implementation=cfg.attn_implementation).to(", ").to("),),
-           ("tests/unit/models/policy/test_attn_implementation.py::test_the_key_reaches_the_policy_and_its_reference",),
-           klass="config"),
     Mutant("packed_forward_keeps_the_kv_cache", "the packed forward runs with transformers' default KV cache, "
            "which turns its packed-sequence detection off: the attention leaks across sequences without a word",
            "posttrain/models/policy/hf_policy_worker.py",

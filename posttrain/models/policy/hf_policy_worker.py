@@ -49,20 +49,6 @@ def check_plain_output_layer(model: torch.nn.Module, key: str = "policy.logprob_
         raise ConfigError(f"{key} needs logits = hidden @ W.T, but {type(model).__name__} has "
                           f"{extra or 'no output layer'}")
 
-
-def check_attn_implementation(attn_implementation: str, device: str) -> None:
-    """Refuse ``policy.attn_implementation=flex_attention`` on a CPU worker: torch's FlexAttention
-    runs its forward pass on a CPU but has no backward pass there ("FlexAttention does not support
-    backward on CPU"), and the worker trains.
-
-    Raises:
-        ConfigError: one line naming the key, its value and the device.
-    """
-    if attn_implementation == "flex_attention" and device != "cuda":
-        raise ConfigError(f"policy.attn_implementation=flex_attention needs a CUDA device (torch's FlexAttention "
-                          f"has no backward pass on a CPU, and the policy worker trains), got device={device}")
-
-
 class HfPolicyWorkerImpl(PolicyWorkerBase):
     """Holds the trained model, a frozen reference copy (unless ``cfg.reference`` is false), and AdamW.
 
@@ -77,8 +63,6 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
     optimizer state and runs the forward pass under bfloat16 autocast. Logprobs, entropy and
     losses are computed in float32 from the logits in every mode. ``cfg.compile`` compiles the
     trained model's forward in place (``torch.compile``; the reference is not compiled).
-    ``cfg.attn_implementation`` is the attention transformers runs in both models (``sdpa``,
-    ``eager``, or ``flex_attention``: CUDA only, see :func:`check_attn_implementation`).
 
     Args:
         model_path: Hugging Face model directory.
@@ -99,8 +83,7 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
     optimizer state, so it resumes at the same N; another N is refused).
 
     Raises:
-        ConfigError: a ``lora.target_modules`` entry the model does not have;
-            ``attn_implementation=flex_attention`` on a CPU (:func:`check_attn_implementation`).
+        ConfigError: a ``lora.target_modules`` entry the model does not have.
     """
 
     def __init__(self, model_path: str, cfg: PolicyWorkerConfig, seed: int = 0, rank: int = 0,
@@ -117,11 +100,8 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         self.precision = cfg.resolved_precision
         use_tf32_for_fp32(self.device, self.precision == "fp32" and cfg.tf32)
         self.param_dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
-        check_attn_implementation(cfg.attn_implementation, cfg.device)
-        # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound. The
-        # reference is a copy of this model: it runs the same attention.
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=self.param_dtype, attn_implementation=cfg.attn_implementation).to(self.device)  # type: ignore[arg-type]
+        # transformers wraps PreTrainedModel.to in a decorator that mypy reads as unbound.
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.param_dtype).to(self.device)  # type: ignore[arg-type]
         if cfg.fused_rms_norm:  # before LoRA, the reference copy, FSDP2 and compile: they all see the swap
             use_fused_rms_norm(self.model)
         if cfg.logprob_chunk_tokens or cfg.sequence_packing:  # both score from the output layer's weight
@@ -231,13 +211,7 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
     def _run(self, module: Any, batch: TokenBatch) -> Any:
         """``module`` (the model or its decoder) on ``batch``: padded rows with their attention
         mask, or, with ``policy.sequence_packing``, the rows' real tokens packed into one row
-        with per-sequence position ids (``data.packing``); returns ``(output, packed or None)``.
-        transformers turns those position ids into the mask of ``policy.attn_implementation``: a
-        dense block-diagonal ``[T, T]`` mask for sdpa and eager, a block-sparse ``BlockMask`` for
-        flex_attention, whose kernels skip the blocks between sequences. A new packed length does
-        not recompile FlexAttention for long: torch.compile's automatic dynamic shapes make the
-        length symbolic at the second length it sees (H200, torch 2.11: no recompile from the
-        third on), so the row is not padded to a length bucket."""
+        with per-sequence position ids (``data.packing``); returns ``(output, packed or None)``."""
         with self._autocast():
             if not self.cfg.sequence_packing:
                 return module(input_ids=batch.input_ids, attention_mask=batch.attention_mask), None

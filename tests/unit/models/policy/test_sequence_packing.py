@@ -50,16 +50,12 @@ def mixed_batch(vocab: int, seed: int = 0):
 
 
 def compare(model_path: str, backend: str, temperature: float, top_k: int, top_p: float, chunk: int,
-            seed: int = 0, device: str = "cpu", packing_attention: str = "sdpa") -> dict[str, float]:
+            seed: int = 0) -> dict[str, float]:
     """A padded and a packing worker of the same weights over one batch: the worst relative gaps
     (logprobs, reference logprobs, metrics) and the weights' distance over the update; also the
-    shapes the packing worker's embedding saw (the key reaches the code). Both on ``device`` (fp32,
-    TF32 off); the padded worker runs sdpa, the packing worker ``packing_attention``
-    (``policy.attn_implementation``)."""
-    padded, packing = (make_worker(backend, model_path, temperature, top_k=top_k, top_p=top_p, device=device,
-                                   logprob_chunk_tokens=chunk, sequence_packing=on,
-                                   attn_implementation=packing_attention if on else "sdpa", **POLICY)
-                       for on in (False, True))
+    shapes the packing worker's embedding saw (the key reaches the code)."""
+    padded, packing = (make_worker(backend, model_path, temperature, top_k=top_k, top_p=top_p,
+                                   logprob_chunk_tokens=chunk, sequence_packing=on, **POLICY) for on in (False, True))
     seen: list[tuple[int, ...]] = []
     packing.model.get_input_embeddings().register_forward_hook(lambda _m, args, _o: seen.append(tuple(args[0].shape)))
     batch = mixed_batch(padded.model.config.vocab_size, seed=seed)
@@ -82,7 +78,6 @@ def compare(model_path: str, backend: str, temperature: float, top_k: int, top_p
     out["real_tokens"] = float(batch.attention_mask.sum())
     out["padded_tokens"] = float(batch.attention_mask.numel())
     out["shapes"] = seen  # type: ignore[assignment]
-    out["attention"] = packing.model.config._attn_implementation  # type: ignore[assignment]
     return out
 
 
