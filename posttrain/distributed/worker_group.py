@@ -38,6 +38,7 @@ def creation_error_line(exc: RayActorError) -> str:
 
 
 T = TypeVar("T")
+U = TypeVar("U")
 NODE_DEATH_WAIT_S = 3.0  # how long a worker's death waits for the GCS to say whether its node is gone
 
 
@@ -71,6 +72,38 @@ class Pending(Generic[T]):
 
     def wait(self) -> T:
         return self.finish(self.gather(self.refs, self.method))
+
+
+PEER_DEATH_WAIT_S = 10.0  # how long a failed side of a collective waits to hear that its peer died
+
+
+def wait_both(first: Pending[T], second: Pending[U], peer_death_wait_s: float = PEER_DEATH_WAIT_S) -> tuple[T, U]:
+    """Both sides of a collective that run at once (a broadcast's receivers and its sender),
+    ``first`` waited for first; their values.
+
+    When a worker dies mid-collective, the live side fails first, and not with a death of its
+    own: its peer's socket closed (a ``RayTaskError`` around gloo's error). The death is the
+    cause a user needs, so when ``first`` fails that way, ``second``'s calls get up to
+    ``peer_death_wait_s`` seconds to report one, and that death is raised instead.
+
+    Raises:
+        WorkerDiedError: a worker of either side died (one line naming it).
+        Exception: ``first``'s or ``second``'s own error otherwise.
+    """
+    try:
+        value = first.wait()
+    except WorkerDiedError:
+        raise
+    except Exception:
+        done, _ = ray.wait(second.refs, num_returns=len(second.refs), timeout=peer_death_wait_s)
+        try:
+            second.gather(done, second.method)
+        except WorkerDiedError as death:
+            raise death from None
+        except Exception:  # the peer failed too, but did not die: first's error is the one to show
+            pass
+        raise
+    return value, second.wait()
 
 
 class RayActor:

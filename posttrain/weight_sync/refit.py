@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from posttrain.data.batch import TokenBatch
-from posttrain.distributed.worker_group import Pending
+from posttrain.distributed.worker_group import Pending, wait_both
 from posttrain.errors import StaleWeightsError
 from posttrain.weight_sync.broadcast import BROADCAST_TIMEOUT_S
 from posttrain.weight_sync.probe import RefitProbe
@@ -166,11 +166,10 @@ def _broadcast(policy: RefitSource, engines: RefitTarget, version: int, probe: T
         host, port = policy.serve_weight_broadcast(BROADCAST_TIMEOUT_S)
         world_size = 1 + engines.num_engines
         joining = policy.start_joining_broadcast(world_size, BROADCAST_TIMEOUT_S)
-        engines.start_joining_broadcast(host, port, world_size, BROADCAST_TIMEOUT_S).wait()
-        joining.wait()
+        # the engines first, then the policy; a side that fails because the other died reports the death
+        wait_both(engines.start_joining_broadcast(host, port, world_size, BROADCAST_TIMEOUT_S), joining)
         policy.broadcast_peer = engines
     sending = policy.start_broadcast(engines.refit_bucket_bytes, probe)
-    receipt = engines.start_receiving(version, engine_probe).wait()
-    trainer_probe, buckets, sent = sending.wait()
+    receipt, (trainer_probe, buckets, sent) = wait_both(engines.start_receiving(version, engine_probe), sending)
     policy.last_broadcast = (buckets, sent)
     return trainer_probe, receipt

@@ -1257,4 +1257,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "2x slower (2.56) passes", "tests/functional/grpo.sh",
            (("${TRAIN_OVER_REFERENCE_MAX:-1.8}", "${TRAIN_OVER_REFERENCE_MAX:-3}"),),
            ("tests/unit/testing/rules/test_rule_real_runs.py",), klass="performance"),
+    Mutant("peer_death_hidden_behind_its_closed_socket", "a broadcast whose sender died mid-refit reports the "
+           "receivers' closed socket (a traceback), not the lost worker", "posttrain/distributed/worker_group.py",
+           (("            second.gather(done, second.method)\n", "            pass\n"),),
+           ("tests/unit/distributed/test_worker_group.py::test_a_collective_whose_peer_died_reports_the_death_not_"
+            "the_closed_socket",), klass="placement"),
 )

@@ -1,6 +1,7 @@
 """RayVirtualCluster and RayWorkerGroup on a real local Ray cluster."""
 
 import os
+import time
 
 import pytest
 import ray
@@ -112,3 +113,52 @@ def test_a_worker_that_dies_mid_call_is_one_line_naming_it(ray_cluster):
     finally:
         group.shutdown()
         cluster.shutdown()
+
+
+@ray.remote
+class Peer:
+    """One side of a collective: fails as a socket whose peer vanished, dies, or answers."""
+
+    def __init__(self, tag: str, rank: int):
+        self.tag = tag
+
+    def lose_the_peer(self) -> None:
+        time.sleep(0.5)  # the peer dies first; gloo then reports a closed connection
+        raise RuntimeError("[gloo] Connection closed by peer")
+
+    def die(self) -> None:
+        os._exit(1)
+
+    def answer(self) -> str:
+        time.sleep(0.2)
+        return self.tag
+
+
+@pytest.mark.parametrize("other", ["die", "answer"])
+def test_a_collective_whose_peer_died_reports_the_death_not_the_closed_socket(ray_cluster, other):
+    """``wait_both``: the receivers fail because the sender died mid-broadcast; the one line names the
+    dead sender. A receiver that fails while its peer lives keeps its own error."""
+    from posttrain.distributed.worker_group import Pending, wait_both
+    from posttrain.errors import WorkerDiedError
+
+    clusters = [RayVirtualCluster(1, num_cpus=0.5) for _ in range(2)]
+    receivers, sender = RayWorkerGroup(clusters[0], Peer, "engine"), RayWorkerGroup(clusters[1], Peer, "policy")
+    try:
+        sender.wait_ready("sender")
+        first = Pending(receivers.gather, receivers.submit_all("lose_the_peer"), "receive_weights", lambda a: a[0])
+        second = Pending(sender.gather, sender.submit_all(other), "broadcast_weights", lambda a: a[0])
+        if other == "die":
+            with pytest.raises(WorkerDiedError, match=r"^Peer worker 0 died during broadcast_weights: "):
+                wait_both(first, second)
+            return
+        with pytest.raises(ray.exceptions.RayTaskError, match="Connection closed by peer"):
+            wait_both(first, second)
+        # both sides answer: both values, the first side's first
+        both = wait_both(Pending(receivers.gather, receivers.submit_all("answer"), "answer", lambda a: a[0]),
+                         Pending(sender.gather, sender.submit_all("answer"), "answer", lambda a: a[0]))
+        assert both == ("engine", "policy")
+    finally:
+        for group in (receivers, sender):
+            group.shutdown()
+        for cluster in clusters:
+            cluster.shutdown()

@@ -59,7 +59,10 @@ RANGES: dict[str, tuple[float, float]] = {
     "async/dropped_samples": (0.0, INF),            # counts
     "async/buffer_size": (0.0, INF),
     "async/overlap_seconds": (0.0, INF),            # max(..., 0) seconds
-    "timing/step": (0.0, INF),                      # every timing/* is seconds
+    "timing/step": (0.0, INF),                      # every timing/* is seconds, or a ratio of two
+    "timing/train_worker": (0.0, INF),
+    "timing/reference_step": (0.0, INF),
+    "timing/train_over_reference": (0.0, INF),
     "memory/policy_peak_rss": (0.0, INF),           # every memory/* is GiB
     "placement/engines_off_policy_node": (0.0, INF),  # every placement/* counts nodes or numbers them from 0
     "placement/num_nodes": (0.0, INF),
