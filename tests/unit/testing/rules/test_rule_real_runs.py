@@ -323,7 +323,7 @@ class TestGrpoAsyncScript:
     def test_healthy_async_run_passes_every_rule(self, capsys, monkeypatch):
         monkeypatch.setenv("COLUMNS", "250")
         env, extra = grpo_async_script()
-        assert env == {"PROBS_RATIO_MIN": "0.3", "PROBS_RATIO_MAX": "3", "CLIP_FRACTION_MEAN": "0.1"}
+        assert env == {"PROBS_RATIO_MIN": "0.2", "PROBS_RATIO_MAX": "3", "CLIP_FRACTION_MEAN": "0.11"}
         assert len(extra) == 4 and any("async/staleness_max" in r for r in extra)
         args = resolved_args("grpo.sh", 300, env, extra)
         code = check_metrics.main([str(FIXTURES / "grpo_async_healthy.json"), *args])
