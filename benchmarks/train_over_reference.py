@@ -7,9 +7,10 @@ train step, for calibrating the gate's bound on a machine.
 
 Each repeat is a fresh Hugging Face worker on the tiny test model training ``--steps`` calls on a
 GRPO-shaped batch (16 rows, 12 prompt tokens, 3-11 completion tokens, fp32); its median ratio
-over the calls after the first two (warm-up) is one sample. The slow side subclasses the worker so
-that each micro-batch's forward runs ``--extra-forwards`` more times without gradients (a
-recompute, as a logging change might add): 3 make the train call about 2x as long. Prints each
+over the calls after the first two (warm-up) is one sample. The slow side wraps the worker's
+logprob forward (``tests/harness/step_time_gate.py::slowed``) so that each micro-batch's train
+forward runs ``--extra-forwards`` more times without gradients (a recompute, as a logging change
+might add): 3 make the train call about 2x as long. Prints each
 side's per-repeat medians, their min / median / max, and the slow/healthy ratio of medians.
 Run it beside ``stress`` (2x the cores) to see the ratio hold under load.
 """

@@ -5,8 +5,9 @@ Why a ratio: an absolute step time moves by 2x with the machine and with what el
 so a bound on seconds is either loose or flaky. The train call and this reference share the
 process, the threads, the model, the batch and (within seconds) the load, so their ratio
 ``timing/train_over_reference`` stays put where the seconds do not, and moves when posttrain's
-own train step gets slower (a recompute, a needless copy, a lost fused kernel). This is the
-yardstick of NeMo-RL's and Megatron-LM's step-time gates, made relative.
+own train step gets slower (a recompute, a needless copy, a lost fused kernel). NeMo-RL and
+Megatron-LM gate step time against an absolute baseline of their own machines; this gate is
+relative, so it holds on any machine.
 """
 
 from __future__ import annotations

@@ -19,7 +19,10 @@ median; "slowed" = 3 extra no-grad forwards per micro-batch, as the catalogue mu
 
 Healthy sd <= 0.088, slowed sd <= 0.125 (10 repeats each row). 1.5 sits 0.26 above the highest
 healthy sample (3 of the largest sd) and 0.44 below the lowest slowed one. The busy loops are
-``python -c "while True: pass"`` x 4 (2x the cores), on the same cores on the Xeon.
+``python -c "while True: pass"`` x 4 (2x the cores), on the same cores on the Xeon. The GPU is not
+calibrated: this is the CPU tiers' gate, and the tiny model's step on a GPU is kernel-launch bound.
+Seen failing: the catalogue mutant ``train_step_recomputes_forwards`` (the same 2x slowdown, in the
+worker's code) fails ``test_the_train_step_costs_less_than_gate_plain_torch_steps``.
 """
 
 from __future__ import annotations
