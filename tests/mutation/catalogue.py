@@ -1262,4 +1262,18 @@ MUTANTS: tuple[Mutant, ...] = (
            (("            second.gather(done, second.method)\n", "            pass\n"),),
            ("tests/unit/distributed/test_worker_group.py::test_a_collective_whose_peer_died_reports_the_death_not_"
             "the_closed_socket",), klass="placement"),
+    Mutant("refit_join_waits_in_turn", "the broadcast refit waits for the engines' join, then the policy's: a policy "
+           "worker lost while joining is reported as the engines' closed socket", "posttrain/weight_sync/refit.py",
+           (("        wait_both(engines.start_joining_broadcast(host, port, world_size, BROADCAST_TIMEOUT_S), "
+             "joining)\n",
+             "        engines.start_joining_broadcast(host, port, world_size, BROADCAST_TIMEOUT_S).wait()\n"
+             "        joining.wait()\n"),),
+           ("tests/unit/weight_sync/test_refit_worker_death.py",), klass="placement"),
+    Mutant("refit_transfer_waits_in_turn", "the broadcast refit waits for the receivers, then the sender: a policy "
+           "worker lost mid-send is reported as the engines' closed socket", "posttrain/weight_sync/refit.py",
+           (("    receipt, (trainer_probe, buckets, sent) = wait_both(engines.start_receiving(version, engine_probe), "
+             "sending)\n",
+             "    receipt = engines.start_receiving(version, engine_probe).wait()\n"
+             "    trainer_probe, buckets, sent = sending.wait()\n"),),
+           ("tests/unit/weight_sync/test_refit_worker_death.py",), klass="placement"),
 )
