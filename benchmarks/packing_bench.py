@@ -4,13 +4,15 @@
         [--precision fp32] [--device cpu|cuda]
 
 One GRPO train step (``HfPolicyWorkerImpl.train``: forward, fp32 logprobs, clipped loss,
-backward, clip, AdamW) of two workers built from the same directory, one with
-``policy.sequence_packing=true``, alternating step by step after one warm-up step each, so
-clock and load drift hit both. The rows have skewed lengths, as GRPO rollouts on GSM8K do:
+backward, clip, AdamW) of three workers built from the same directory, alternating step by step
+after one warm-up step each, so clock and load drift hit all: ``padded`` (sdpa, the padding mask),
+``packed`` (``policy.sequence_packing=true``: the varlen attention, ``models.policy.varlen_attention``)
+and ``dense`` (the same packed rows through sdpa and transformers' dense block-diagonal mask).
+The rows have skewed lengths, as GRPO rollouts on GSM8K do:
 prompts of 60-140 tokens, completions drawn from an exponential of mean 120 tokens capped at
 512; ``make_batch`` pads every row to the longest prompt plus the completion bucket (512), so
 most of a padded row is padding. Prints the real and padded token counts, seconds per step
-(median of ``--steps``), real tokens/s on each side and the packed/padded speed-up.
+(median of ``--steps``), real tokens/s on each side and the speed-ups over padded.
 
 Shapes: ``small`` (hidden 256, 4 layers, vocabulary 32,000: minutes on 2 CPU cores), ``0.4b``
 (train_step_bench's Qwen2 shape, for a GPU), ``tiny`` (seconds; no meaningful numbers).
@@ -30,6 +32,7 @@ from train_step_bench import SHAPES, build_model  # this folder's (run as a scri
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.config import PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch, make_batch
+from posttrain.models.policy import varlen_attention
 from posttrain.models.policy.hf_policy_worker import HfPolicyWorkerImpl
 
 
@@ -57,12 +60,15 @@ def main() -> None:
         batch = skewed_batch(args.rows, SHAPES[args.shape]["vocab_size"])
         advantages = torch.linspace(-1.0, 1.0, args.rows)
         workers = {}
-        for name, packing in (("padded", False), ("packed", True)):
+        for name, packing in (("padded", False), ("packed", True), ("dense", True)):
             cfg = PolicyWorkerConfig.model_validate({
                 "precision": args.precision, "device": args.device, "lr": 1e-6, "num_threads": args.threads,
                 "train_global_batch_size": args.rows, "train_micro_batch_size": args.rows,
                 "logprob_batch_size": args.rows, "reference": False, "sequence_packing": packing})
             workers[name] = HfPolicyWorkerImpl(tmp, cfg)
+        # "dense": packed rows attended through sdpa and transformers' dense block-diagonal mask, which it
+        # builds from the restarting position ids (the packing worker before the varlen attention)
+        workers["dense"].model.set_attn_implementation("sdpa")
         times: dict[str, list[float]] = {name: [] for name in workers}
         for i in range(args.steps + 1):
             for name, worker in workers.items():
@@ -71,13 +77,18 @@ def main() -> None:
                 if i >= 1:
                     times[name].append(time.perf_counter() - start)
     real, padded = int(batch.attention_mask.sum()), batch.attention_mask.numel()
+    flash = varlen_attention._flash_varlen() is not None and args.device == "cuda" and args.precision != "fp32"
+    packed_attention = ("torch flash varlen kernel" if flash else "sdpa per sequence" if args.device == "cpu"
+                        else "sdpa, a block-diagonal mask")
     print(f"shape {args.shape}, {args.rows} rows, {args.precision} on {args.device} ({args.threads} threads): "
-          f"{real} real tokens of {padded} padded ({real / padded:.0%})")
+          f"{real} real tokens of {padded} padded ({real / padded:.0%}); packed attention: "
+          f"{packed_attention}, dense: one [T, T] block-diagonal mask")
     median = {name: statistics.median(seconds) for name, seconds in times.items()}
     for name, seconds in times.items():
         print(f"  {name:6s} {median[name]:.3f} s/step (min {min(seconds):.3f}, max {max(seconds):.3f}), "
               f"{real / median[name]:,.0f} real tokens/s")
-    print(f"  packed / padded speed-up: {median['padded'] / median['packed']:.2f}x")
+    print(f"  packed / padded speed-up: {median['padded'] / median['packed']:.2f}x "
+          f"(dense-mask packing: {median['padded'] / median['dense']:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -156,9 +156,10 @@ class PolicyConfig(Section):
         "logits never exist at once: the largest activation of a step at a large vocabulary; 0: the full logits")
     sequence_packing: bool = Field(
         False, description="hf backend: each forward pass runs on the rows' real tokens laid end to end in one "
-        "row (position ids restart per sequence; transformers keeps attention within each sequence), and the output "
-        "layer on the completion tokens only: no compute on padding; the loss, micro-batches and metrics are "
-        "unchanged. Attention over the packed row costs its length squared with sdpa's dense mask (CPU)")
+        "row (position ids restart per sequence; attention within each sequence by its offsets: torch's flash varlen "
+        "kernel on a GPU in bf16/bf16-mixed, sdpa per sequence on a CPU, a block-diagonal mask on a GPU in fp32), "
+        "and the output layer on the completion tokens only: no compute on padding; the loss, micro-batches and "
+        "metrics are unchanged")
     num_threads: int = Field(1, ge=1, description="torch CPU threads of the worker")
     data_parallel_size: int = Field(
         1, ge=1, description="hf backend: policy workers, each training on its share of every global batch (torch "

@@ -2,15 +2,14 @@
 position ids that restart at every sequence, and back.
 
 A packed forward pass computes no padding. The attention must stay within each sequence: the
-model is given the position ids, no attention mask and no KV cache (``use_cache=False``: with a
-cache object transformers does not look for packed sequences), from which Hugging Face
-transformers builds a block-diagonal causal mask (``masking_utils.find_packed_sequence_indices``: a new
-sequence starts wherever the position id does not grow by one; sdpa, eager and FlexAttention
-on any device, flash-attention's varlen kernels where installed).
+policy worker's model attends by the sequence offsets (``PackedRows.cu_seq_lens``, the varlen
+convention; ``models.policy.varlen_attention``), and the position ids restart the rotary
+positions of each sequence.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +27,11 @@ class PackedRows:
         position_ids: ``[1, T]`` int64, each token's position in its own row (0 at every start).
         rows, cols: ``[T]`` int64, where each packed token sits in the padded ``[B, S]`` batch.
         shape: ``(B, S)`` of the padded batch.
+        cu_seq_lens: ``[N + 1]`` int32 on the batch's device, the sequences' offsets in the packed
+            row, ``[0, l0, l0 + l1, ..., T]`` (N the batch's non-empty rows; flash-attention's
+            varlen convention).
+        seq_bounds: the same offsets as Python ints (read without a device sync).
+        max_seq_len: the longest sequence's length.
     """
 
     input_ids: torch.Tensor
@@ -35,6 +39,9 @@ class PackedRows:
     rows: torch.Tensor
     cols: torch.Tensor
     shape: tuple[int, int]
+    cu_seq_lens: torch.Tensor
+    seq_bounds: tuple[int, ...]
+    max_seq_len: int
 
 
 def pack_rows(batch: TokenBatch) -> PackedRows:
@@ -49,7 +56,10 @@ def pack_rows(batch: TokenBatch) -> PackedRows:
     if not torch.equal(mask, torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]):
         raise ValueError("pack_rows needs right-padded rows (every real token before the padding)")
     rows, cols = mask.nonzero(as_tuple=True)  # row-major: row 0's tokens first, in order
-    return PackedRows(batch.input_ids[rows, cols][None], cols[None], rows, cols, tuple(mask.shape))  # type: ignore[arg-type]
+    sizes = [n for n in lengths.tolist() if n > 0]  # one read-back per forward, none per layer
+    bounds = tuple(itertools.accumulate(sizes, initial=0))
+    return PackedRows(batch.input_ids[rows, cols][None], cols[None], rows, cols, tuple(mask.shape),  # type: ignore[arg-type]
+                      torch.tensor(bounds, dtype=torch.int32, device=mask.device), bounds, max(sizes, default=0))
 
 
 def unpack(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:

@@ -1111,23 +1111,27 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/unit/models/policy/test_fused_rms_norm.py::test_the_key_reaches_the_policy_and_its_reference",),
            klass="config"),
     # issue 35: sequence packing (data/packing.py, the HF worker)
-    Mutant("packed_attention_leaks_across_sequences", "packed position ids run on across sequences: transformers "
-           "sees one long sequence and every packed row attends to the rows before it", "posttrain/data/packing.py",
-           (("cols[None], rows, cols,", "torch.arange(cols.numel())[None], rows, cols,"),),
+    Mutant("packed_attention_leaks_across_sequences", "packed sequences given one offset span for the whole row: "
+           "every packed sequence attends to the sequences before it", "posttrain/data/packing.py",
+           (("    sizes = [n for n in lengths.tolist() if n > 0]", "    sizes = [sum(lengths.tolist())]"),),
            ("tests/unit/models/policy/test_sequence_packing.py::"
             "test_a_packing_worker_scores_and_trains_as_the_padded_worker",), klass="training"),
+    Mutant("varlen_attention_not_causal", "the per-sequence attention (CPU, fp32) is not causal: each token attends "
+           "to the later tokens of its sequence", "posttrain/models/policy/varlen_attention.py",
+           (("value[:, :, s:e], is_causal=True,", "value[:, :, s:e], is_causal=False,"),),
+           ("tests/unit/models/policy/test_varlen_attention.py",), klass="training"),
     Mutant("output_layer_scoring_refusals_dropped", "chunked logprobs or packing with megatron, compile or FSDP2 "
            "pass validation: the run then scores from a weight those paths never apply (or FSDP2 never gathered)",
            "posttrain/config.py", (("            if other:\n                raise ValueError(f\"{key} cannot be",
                                     "            if False:\n                raise ValueError(f\"{key} cannot be"),),
            ("tests/unit/models/policy/test_logprob_chunks.py::"
             "test_what_output_layer_scoring_cannot_serve_is_refused_in_one_line",), klass="config"),
-    Mutant("packed_forward_keeps_the_kv_cache", "the packed forward runs with transformers' default KV cache, "
-           "which turns its packed-sequence detection off: the attention leaks across sequences without a word",
+    Mutant("packing_attends_by_the_dense_mask", "a packing worker keeps sdpa: transformers' dense block-diagonal "
+           "mask, right and T^2 work per head and layer (4.8x the padded batch's at GSM8K-like lengths)",
            "posttrain/models/policy/hf_policy_worker.py",
-           (("position_ids=packed.position_ids, use_cache=False)", "position_ids=packed.position_ids)"),),
+           (("            self.model.set_attn_implementation(varlen_attention.register())\n", "            pass\n"),),
            ("tests/unit/models/policy/test_sequence_packing.py::"
-            "test_a_packing_worker_scores_and_trains_as_the_padded_worker",), klass="training"),
+            "test_a_packing_worker_scores_and_trains_as_the_padded_worker",), klass="performance"),
     # issue 33, the engine in place (models/generation/megatron/in_place.py)
     Mutant("in_place_engine_serves_unpublished_weights", "the in-place megatron engine generates between a train step "
            "and its refit: completions of weights no probe checked, labelled with the previous version",

@@ -22,7 +22,7 @@ from posttrain.data.batch import TokenBatch
 from posttrain.data.packing import pack_rows, unpack
 from posttrain.errors import ConfigError
 from posttrain.models.fused_norms import use_fused_rms_norm
-from posttrain.models.policy import lora
+from posttrain.models.policy import lora, varlen_attention
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 from posttrain.models.policy.reference_timing import reference_forward_backward_seconds
 from posttrain.models.precision import use_tf32_for_fp32
@@ -107,6 +107,8 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
         if cfg.logprob_chunk_tokens or cfg.sequence_packing:  # both score from the output layer's weight
             check_plain_output_layer(self.model, "policy.logprob_chunk_tokens" if cfg.logprob_chunk_tokens
                                      else "policy.sequence_packing")
+        if cfg.sequence_packing:  # attention within each packed sequence (the reference copy below too)
+            self.model.set_attn_implementation(varlen_attention.register())
         self.use_lora = cfg.lora.rank > 0
         if self.use_lora:
             self.model = lora.apply_lora(self.model, cfg.lora)
@@ -216,9 +218,11 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
             if not self.cfg.sequence_packing:
                 return module(input_ids=batch.input_ids, attention_mask=batch.attention_mask), None
             packed = pack_rows(batch)
-            # use_cache=False: with a KV cache object (made by default) transformers does not look
-            # for packed sequences, and the attention runs on across them without a word
-            return module(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False), packed
+            # the varlen attention reads the sequences' offsets (cu_seq_lens), never the position ids
+            # (the rotary positions) nor a mask; use_cache=False: a training forward needs no KV cache
+            return module(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                          cu_seq_lens=packed.cu_seq_lens, seq_bounds=packed.seq_bounds,
+                          max_seq_len=packed.max_seq_len), packed
 
     def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
         out, packed = self._run(model, batch)
@@ -243,8 +247,16 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
                                            chunk, self.cfg.temperature, top_k, top_p, with_entropy, compute_dtype)
 
     def _reference_seconds(self, micro: list[TokenBatch]) -> float:
-        return reference_forward_backward_seconds(self.model, micro, self._autocast,
-                                                  list(self.trainable_parameters()))
+        # the reference is plain torch on the padded rows: sdpa with the padding mask, also when this
+        # worker packs (its varlen attention refuses a call that is not packed)
+        attention = self.model.config._attn_implementation
+        if self.cfg.sequence_packing:
+            self.model.set_attn_implementation("sdpa")
+        try:
+            return reference_forward_backward_seconds(self.model, micro, self._autocast,
+                                                      list(self.trainable_parameters()))
+        finally:
+            self.model.set_attn_implementation(attention)
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -41,13 +41,18 @@ GATE = 1.5
 KEYS = {"timing/train_worker", "timing/reference_step", "timing/train_over_reference"}
 
 
-def test_the_reference_step_leaves_training_exactly_as_without_it(tiny_model_path) -> None:
-    timed, plain = gate_worker(tiny_model_path), gate_worker(tiny_model_path, reference_timing_period=0)
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packing"])
+def test_the_reference_step_leaves_training_exactly_as_without_it(tiny_model_path, packing) -> None:
+    """Also for a packing worker, whose reference is plain torch on the padded rows (sdpa, the padding
+    mask) and whose own forwards stay packed with the varlen attention after it."""
+    timed = gate_worker(tiny_model_path, sequence_packing=packing)
+    plain = gate_worker(tiny_model_path, reference_timing_period=0, sequence_packing=packing)
     with_reference, without = train_calls(timed, 3), train_calls(plain, 3)
     for (m1, v1, _, old1, timing), (m2, v2, _, old2, none) in zip(with_reference, without, strict=True):
         assert m1 == m2 and v1 == v2 and torch.equal(old1, old2)
         assert set(timing) == KEYS and none == {}
     torch.testing.assert_close(timed.get_weights(), plain.get_weights(), rtol=0, atol=0)
+    assert timed.model.config._attn_implementation == plain.model.config._attn_implementation
 
 
 def test_the_period_picks_the_timed_calls_and_the_ratio_is_train_over_reference(tiny_model_path) -> None:

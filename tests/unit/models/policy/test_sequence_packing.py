@@ -1,29 +1,31 @@
 """``policy.sequence_packing``: the HF worker that runs each forward pass on the rows' real tokens
-packed into one row (``data.packing``; position ids restart per sequence, transformers keeps the
-attention inside each sequence) scores and trains as the worker on padded rows: the policy's and
-the reference's logprobs, a train call's metrics (one optimizer step over four micro-batches)
-and the weights after it; plain and LoRA, with temperature, top-k and top-p, and with
-chunked logprobs. Rows of mixed lengths (prompts 1-9 tokens, completions 1-8), so most of a
-padded batch is padding. The settings packing cannot serve share one validator, and one test, with
-chunked logprobs (``test_logprob_chunks.py``).
+packed into one row (``data.packing``; position ids restart per sequence, and the attention runs
+within each sequence by its offsets: ``models.policy.varlen_attention``) scores and trains as the
+worker on padded rows: the policy's and the reference's logprobs, a train call's metrics (one
+optimizer step over four micro-batches) and the weights after it; plain and LoRA, with
+temperature, top-k and top-p, and with chunked logprobs. Rows of mixed lengths (prompts 1-9
+tokens, completions 1-8), so most of a padded batch is padding. The settings packing cannot serve
+share one validator, and one test, with chunked logprobs (``test_logprob_chunks.py``).
 
 Bounds and the worst of 48 cases (seeds 0-5 x plain/LoRA x two sampling settings x chunked or
-not; AMD EPYC, 2 cores, fp32; ``.calib``-style sweep of ``compare`` below, Nov 27):
+not; AMD EPYC, 2 cores, fp32; a sweep of ``compare`` below, Nov 27, with the varlen attention):
 
 | quantity | bound | worst seen |
 |---|---|---|
-| logprobs, policy and reference (normwise relative) | 1e-5 | 7.2e-8 |
-| train metrics | 1e-5 relative or 1e-6 absolute | 0 (every metric within 1e-6 absolute) |
-| weights after the step, distance / the step's own update | 5e-3 | 5.4e-4 |
+| logprobs, policy and reference (normwise relative) | 1e-5 | 8.5e-8 |
+| train metrics | 1e-5 relative or 1e-6 absolute | 2.1e-7 relative |
+| weights after the step, distance / the step's own update | 5e-3 | 7.1e-4 |
 
-The GPU host's Intel Xeon pinned to 2 threads (24 cases, seeds 0-2): logprobs 6.6e-8, metrics within
-1e-6, weights 8.3e-5. The packed rows held 48-66% of the padded batch's tokens. Over two calls of two optimizer steps
-at lr 1e-2 the same sweep drifted to 2e-3 relative in the metrics and 1.9e-3 in the weights
-(Adam amplifying rounding), hence one step here.
+Before the varlen attention (transformers' dense block-diagonal mask): 7.2e-8, within 1e-6 absolute,
+5.4e-4 on the AMD machine; 6.6e-8, within 1e-6, 8.3e-5 on the GPU host's Intel Xeon pinned to 2
+threads (24 cases, seeds 0-2). The packed rows held 48-66% of the padded batch's tokens. Over two
+calls of two optimizer steps at lr 1e-2 the same sweep drifted to 2e-3 relative in the metrics and
+1.9e-3 in the weights (Adam amplifying rounding), hence one step here.
 
-Broken, a packed row whose position ids run on across sequences (attention leaks from one
-sequence into the next, mutant ``packed_attention_leaks_across_sequences``) moves the logprobs
-by O(1).
+Broken, packed sequences that attend across their boundaries (mutant
+``packed_attention_leaks_across_sequences``: one offset span for the whole packed row) move the
+logprobs by O(1); a worker that packs but attends by transformers' dense mask (mutant
+``packing_attends_by_the_dense_mask``: correct, and T^2 work) fails the count of varlen calls.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ import torch
 from harness import worker_parity
 from harness.policy_backends import make_worker
 from harness.worker_parity import distance, rel
+from transformers import AttentionInterface, AutoConfig
 
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.data.batch import make_batch
 from posttrain.data.packing import pack_rows, unpack
 from posttrain.errors import ConfigError
+from posttrain.models.policy.varlen_attention import VARLEN, varlen_attention_forward
 
 # one optimizer step over 4 micro-batches (as test_logprob_chunks: Adam's first step is lr * sign(g)
 # where a gradient is ~0, so later steps compound rounding; at lr 1e-2 four steps drifted 2e-3)
@@ -58,6 +62,14 @@ def compare(model_path: str, backend: str, temperature: float, top_k: int, top_p
                                    logprob_chunk_tokens=chunk, sequence_packing=on, **POLICY) for on in (False, True))
     seen: list[tuple[int, ...]] = []
     packing.model.get_input_embeddings().register_forward_hook(lambda _m, args, _o: seen.append(tuple(args[0].shape)))
+    # every attention layer of the packing worker attends by the packed call's sequence offsets
+    attended: list[int] = []
+
+    def counted(*args, **kwargs):
+        attended.append(len(kwargs["cu_seq_lens"]) - 1)
+        return varlen_attention_forward(*args, **kwargs)
+
+    AttentionInterface.register(VARLEN, counted)
     batch = mixed_batch(padded.model.config.vocab_size, seed=seed)
     mask = batch.completion_mask.bool()
     before = padded.get_weights()
@@ -78,6 +90,8 @@ def compare(model_path: str, backend: str, temperature: float, top_k: int, top_p
     out["real_tokens"] = float(batch.attention_mask.sum())
     out["padded_tokens"] = float(batch.attention_mask.numel())
     out["shapes"] = seen  # type: ignore[assignment]
+    out["attended"] = attended  # type: ignore[assignment]
+    AttentionInterface.register(VARLEN, varlen_attention_forward)
     return out
 
 
@@ -86,6 +100,7 @@ def test_pack_and_unpack_round_trip_with_per_sequence_positions() -> None:
     packed = pack_rows(batch)
     assert packed.input_ids.tolist() == [[5, 6, 7, 11, 12, 8, 13, 14, 15, 9, 10, 16]]
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2]]
+    assert packed.cu_seq_lens.tolist() == [0, 5, 9, 12] and packed.max_seq_len == 5
     values = torch.arange(12.0)[None, :, None].repeat(1, 1, 3)  # [1, T, 3]
     back = unpack(values, packed)
     assert back.shape == (3, 8, 3)  # make_batch pads to a length bucket
@@ -105,6 +120,12 @@ def test_a_packing_worker_scores_and_trains_as_the_padded_worker(tiny_model_path
     got = compare(tiny_model_path, backend, temperature, top_k, top_p, chunk)
     # the key reaches the code: every forward of the packing worker saw one row of real tokens
     assert got["shapes"] and all(s[0] == 1 for s in got["shapes"]), got["shapes"]  # type: ignore[attr-defined]
+    # ... and its attention ran by the sequences' offsets (2 or more rows each) on every layer of every
+    # forward: the trained model's (the hook's) and, without LoRA, the reference copy's (one more)
+    layers = AutoConfig.from_pretrained(tiny_model_path).num_hidden_layers
+    forwards = len(got["shapes"]) + (backend == "hf")  # type: ignore[arg-type]
+    attended: list[int] = got["attended"]  # type: ignore[assignment]
+    assert len(attended) == layers * forwards and min(attended) >= 2, attended
     assert got["real_tokens"] < 0.7 * got["padded_tokens"]  # the padded worker computed on much padding
     assert got["logprobs"] <= 1e-5 and got["reference"] <= 1e-5, got
     assert got["metrics"] <= 1e-5, got
