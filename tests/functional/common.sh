@@ -194,13 +194,19 @@ grpo_functional() {
   # bounds"), 7 healthy runs (seeds 0-5 on the AMD EPYC, 2 cores, vLLM; seed 0 on the H200 host's Xeon
   # pinned to 2 cores, hf), false-alarm rate 0.01, Nov 27: the healthy [min, max], the recommended
   # bound (rec). These rules are shared by every GRPO script (non-colocated, LoRA, async, multinode,
-  # data parallel, Megatron, GPU), so a bound stays wider than grpo.sh's own rec where the others were
-  # not calibrated with the tool. Broken runs: advantage_sign_flipped fails the gain (-0.186), the
-  # reward rule, grad norm > 0 and groups kept > 0; train_step_recomputes_forwards fails the gate only.
+  # data parallel, Megatron, GPU), so a bound stays wider than grpo.sh's own rec where another script's
+  # runs (5 seeds each, with the tool; each script's header has its table) need it. Broken runs:
+  # advantage_sign_flipped fails the gain (-0.186), the reward rule, grad norm > 0 and groups kept > 0
+  # (also under grpo_lora.sh, grpo_megatron.sh, grpo_megatron_generation.sh); train_step_recomputes_forwards
+  # fails the gate only.
   #   gain >= 0.02                [0.225, 0.336], rec 0.148. Kept: the 24-run table above (3 machine
   #                               kinds) had worst 0.140 on an H100, which 0.148 would fail
   #   reward last 10% > first     last - first in [0.148, 0.294], rec > 0.040; kept at > 0
-  #   grad norm < 100             [10.2, 60.6], rec 89; kept (the LoRA and Megatron runs are not calibrated)
+  #   grad norm < 150             [10.2, 60.6], rec 89. Was 100. With grpo_data_parallel.sh's 5 runs (the same
+  #                               policy, trajectories of their own: [11.8, 49.7]) 12 runs, rec 72; but a max over
+  #                               300 steps is right-skewed (one spike sets it), and with its log taken as normal
+  #                               the rec is 111 and 100 had a predicted false-alarm rate of 1.3% (150: 0.4%).
+  #                               A divergence guard: a run that diverges goes orders of magnitude past either
   #   loss < 10                   [0.023, 0.071], rec 0.107; kept: a divergence guard for all scripts
   #   median ratio min > 0.5      [0.698, 0.917], rec 0.528;  median ratio max < 2: [1.084, 1.353], rec 1.58
   #   mean clip fraction < 0.05   [0.004, 0.017], rec 0.024;  max clip fraction < 0.3: [0.066, 0.167], rec 0.24
@@ -214,7 +220,7 @@ grpo_functional() {
   check_run "$WORK/logs" --expect-steps "$expect_steps" --pack grpo \
     "mean(data[\"val/sampling_accuracy\"], -1) - data[\"val/sampling_accuracy\"][\"0\"] >= ${MIN_VAL_GAIN:-0.02}" \
     "mean(data[\"train/reward_mean\"], -$tenth) > mean(data[\"train/reward_mean\"], 1, $((tenth + 1)))" \
-    'max(data["train/grad_norm"]) < 100' \
+    'max(data["train/grad_norm"]) < 150' \
     'max(data["train/loss"]) < 10' \
     "median(data[\"train/probs_ratio_min\"]) > ${PROBS_RATIO_MIN:-0.5}" \
     "median(data[\"train/probs_ratio_max\"]) < ${PROBS_RATIO_MAX:-2}" \
