@@ -28,7 +28,9 @@ with a stated confidence (wider still); the prediction bound is what "a healthy 
 probability alpha" asks for. Its assumption, normality, is weakest for quantities with a hard edge
 (a clip fraction near 0, an error at float rounding): the report shows min/median/max beside the
 bound so that a skewed distribution can be seen, and a quantity with no spread (every run gave the
-same value) gets no recommendation.
+same value) gets no recommendation. For a positive, right-skewed quantity (a max over a run's steps,
+which one spike sets) ``--log-scale`` takes its logarithm as the normal one: the bound is
+``exp(mean(log v) +- k * std(log v))`` with the same k (a log-normal prediction bound).
 """
 
 from __future__ import annotations
@@ -124,20 +126,27 @@ def prediction_factor(n: int, false_alarm_rate: float) -> float:
     return student_t_quantile(1 - false_alarm_rate, n - 1) * math.sqrt(1 + 1 / n)
 
 
-def prediction_bound(values: Sequence[float], false_alarm_rate: float, upper: bool) -> float | None:
+def prediction_bound(values: Sequence[float], false_alarm_rate: float, upper: bool,
+                     log_scale: bool = False) -> float | None:
     """The one-sided normal prediction bound of ``values`` (None when they have no spread).
 
-    ``upper``: mean + k s (for a rule ``value < bound``), else mean - k s.
+    ``upper``: mean + k s (for a rule ``value < bound``), else mean - k s. ``log_scale``: of the
+    values' logarithms, returned as ``exp(mean(log v) +- k s(log v))`` (a log-normal quantity).
 
     Raises:
-        ValueError: fewer than 2 values or the rate outside (0, 1).
+        ValueError: fewer than 2 values, the rate outside (0, 1), or with ``log_scale`` a value <= 0.
     """
     k = prediction_factor(len(values), false_alarm_rate)
+    if log_scale:
+        if min(values) <= 0:
+            raise ValueError(f"a log-scale bound needs values > 0, got {min(values):.6g}")
+        values = [math.log(v) for v in values]
     spread = statistics.stdev(values)
     if spread == 0:
         return None
     centre = statistics.fmean(values)
-    return centre + k * spread if upper else centre - k * spread
+    bound = centre + k * spread if upper else centre - k * spread
+    return math.exp(bound) if log_scale else bound
 
 
 # --------------------------------------------------------------------------- a rule's quantity
@@ -236,6 +245,7 @@ class Calibration:
     distribution: Distribution | None = None
     recommended_bound: float | None = None
     k: float | None = None
+    log_scale: bool = False
     values: dict[str, float | None] = field(default_factory=dict)
     not_computed: dict[str, str] = field(default_factory=dict)
     current_false_alarms: list[str] = field(default_factory=list)
@@ -248,13 +258,16 @@ def holds(value: float, op: str, bound: float) -> bool:
 
 
 def calibrate_rule(rule: str, healthy: Mapping[str, Mapping[str, Any]], broken: Mapping[str, Mapping[str, Any]],
-                   false_alarm_rate: float) -> Calibration:
+                   false_alarm_rate: float, log_scale: bool = False) -> Calibration:
     """Calibrate one rule on the healthy runs and test the recommended bound on the broken ones.
 
     Args:
         rule: the rule's text.
         healthy / broken: run name -> its normalized metrics.
         false_alarm_rate: alpha, the chance a healthy run fails the recommended bound.
+        log_scale: take the quantity's logarithm as the normal one (a positive, right-skewed
+            quantity such as a max over steps); a rule whose healthy values are not all > 0 is
+            then not calibrated, with why.
 
     Returns:
         The Calibration (``reason`` set when the rule has no quantity or fewer than 2 healthy
@@ -277,12 +290,17 @@ def calibrate_rule(rule: str, healthy: Mapping[str, Mapping[str, Any]], broken: 
     if len(values) < 2:
         cal.reason = f"computed on {len(values)} healthy run(s); 2 or more are needed"
         return cal
+    if log_scale and min(values) <= 0:
+        cal.reason = f"log scale needs every healthy value > 0, got {min(values):.6g}"
+        return cal
     cal.distribution = Distribution.of(values)
     upper = quantity.op in ("<", "<=")
-    cal.k = prediction_factor(len(values), false_alarm_rate)
-    cal.recommended_bound = prediction_bound(values, false_alarm_rate, upper)
+    cal.k, cal.log_scale = prediction_factor(len(values), false_alarm_rate), log_scale
+    cal.recommended_bound = prediction_bound(values, false_alarm_rate, upper, log_scale)
     if cal.recommended_bound is None:
         cal.reason = f"no spread: every healthy run gave {values[0]:.6g}"
+    # the spread that margins are counted in: of the values, or of their logs
+    spread = statistics.stdev([math.log(v) for v in values]) if log_scale else cal.distribution.std
     if quantity.bound is not None:
         cal.current_false_alarms = [n for n, v in cal.values.items() if v is not None
                                     and not holds(v, quantity.op, quantity.bound)]
@@ -294,8 +312,11 @@ def calibrate_rule(rule: str, healthy: Mapping[str, Mapping[str, Any]], broken: 
         elif cal.recommended_bound is not None:
             # signed distance past the bound in the rule's failing direction: > 0 caught
             past = cal.recommended_bound - value if not upper else value - cal.recommended_bound
+            if log_scale:  # in log units; a value <= 0 is below any log-scale bound, by no finite count
+                past_log = ((math.log(value) - math.log(cal.recommended_bound)) * (1 if upper else -1)
+                            if value > 0 else (-math.inf if upper else math.inf))
             row |= {"fails_recommended": not holds(value, quantity.op, cal.recommended_bound), "margin": past,
-                    "margin_in_std": past / cal.distribution.std}
+                    "margin_in_std": (past_log if log_scale else past) / spread}
         cal.broken.append(row)
     return cal
 
@@ -364,8 +385,11 @@ def render(cal: Calibration, false_alarm_rate: float) -> str:
     if cal.recommended_bound is None:
         lines.append(f"  recommended bound: none ({cal.reason})")
     else:
+        sign = "+" if side == "upper" else "-"
+        form = (f"exp(mean(log) {sign} {cal.k:.3f} * std(log))" if cal.log_scale
+                else f"mean {sign} {cal.k:.3f} * std")
         lines.append(f"  recommended {side} bound at false-alarm rate {false_alarm_rate:g}: "
-                     f"{_g(cal.recommended_bound)} (mean {'+' if side == 'upper' else '-'} {cal.k:.3f} * std)")
+                     f"{_g(cal.recommended_bound)} ({form})")
     if cal.current_bound is None:
         lines.append("  current bound: not a number (not checked)")
     else:
@@ -376,8 +400,9 @@ def render(cal: Calibration, false_alarm_rate: float) -> str:
             lines.append(f"  broken {row['run']}: not computed ({row['why']}): fails any bound")
         elif "fails_recommended" in row:
             verdict = "FAILS (caught)" if row["fails_recommended"] else "passes (NOT caught)"
+            unit = "std of the log" if cal.log_scale else "std"
             lines.append(f"  broken {row['run']}: {_g(row['value'])} {verdict} the recommended bound; beyond it by "
-                         f"{row['margin']:+.6g} ({row['margin_in_std']:+.2f} std)")
+                         f"{row['margin']:+.6g} ({row['margin_in_std']:+.2f} {unit})")
         else:
             lines.append(f"  broken {row['run']}: {_g(row['value'])} (no recommended bound to test)")
     return "\n".join(lines)
@@ -403,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="chance a healthy run fails the recommended bound (default %(default)s)")
     parser.add_argument("--broken", nargs="+", action="extend", default=[], metavar="RUN",
                         help="metrics.json of a run the rules must fail")
+    parser.add_argument("--log-scale", action="store_true",
+                        help="take each quantity's logarithm as normal (positive, right-skewed quantities such as a "
+                             "max over steps); the bound is exp(mean(log) +- k * std(log))")
     parser.add_argument("--output-json", metavar="PATH", help="write the calibration as JSON")
     return parser
 
@@ -429,12 +457,13 @@ def main(argv: list[str] | None = None) -> int:
         healthy, broken = load_runs(args.runs), load_runs(args.broken)
         first = next(iter(healthy.values()))  # an optional pack check is calibrated where the first run logs it
         rules += [spec.text for pack in args.pack for spec in pack_rules(pack, first, {}) if not spec.skip_reason]
-        calibrations = [calibrate_rule(rule, healthy, broken, args.false_alarm_rate)
+        calibrations = [calibrate_rule(rule, healthy, broken, args.false_alarm_rate, args.log_scale)
                         for rule in dict.fromkeys(rules)]
         print("\n\n".join(render(c, args.false_alarm_rate) for c in calibrations))
         if args.output_json:
             doc = {"false_alarm_rate": args.false_alarm_rate, "method": "normal prediction bound: mean +- "
-                   "t(1 - alpha; n - 1) * std * sqrt(1 + 1/n)", "healthy_runs": list(healthy),
+                   "t(1 - alpha; n - 1) * std * sqrt(1 + 1/n)" + (", of the logs, exponentiated" if args.log_scale
+                                                                  else ""), "healthy_runs": list(healthy),
                    "broken_runs": list(broken), "rules": [asdict(c) for c in calibrations]}
             try:
                 Path(args.output_json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")

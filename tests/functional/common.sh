@@ -205,7 +205,8 @@ grpo_functional() {
   #   grad norm < 150             [10.2, 60.6], rec 89. Was 100. With grpo_data_parallel.sh's 5 runs (the same
   #                               policy, trajectories of their own: [11.8, 49.7]) 12 runs, rec 72; but a max over
   #                               300 steps is right-skewed (one spike sets it), and with its log taken as normal
-  #                               the rec is 111 and 100 had a predicted false-alarm rate of 1.3% (150: 0.4%).
+  #                               (`calibrate --log-scale`) the rec is 111, and 100 had a predicted false-alarm
+  #                               rate of 1.3% (150: 0.4%).
   #                               A divergence guard: a run that diverges goes orders of magnitude past either
   #   loss < 10                   [0.023, 0.071], rec 0.107; kept: a divergence guard for all scripts
   #   median ratio min > 0.5      [0.698, 0.917], rec 0.528;  median ratio max < 2: [1.084, 1.353], rec 1.58

@@ -1192,6 +1192,11 @@ MUTANTS: tuple[Mutant, ...] = (
            CALIBRATE, (("centre + k * spread if upper else centre - k * spread",
                         "centre - k * spread if upper else centre + k * spread"),),
            (CALIBRATE_TESTS,), klass="calibration"),
+    Mutant("calibrate_log_scale_ignored", "--log-scale calibrates the raw values: a right-skewed quantity's bound "
+           "sits too near its healthy runs", CALIBRATE,
+           (("    return math.exp(bound) if log_scale else bound\n", "    return bound\n"),
+            ("        values = [math.log(v) for v in values]\n", "        pass\n")),
+           (CALIBRATE_TESTS,), klass="calibration"),
     Mutant("trend_compares_with_the_newest_run", "the final value's band is built from the newest run itself "
            "instead of the history: nothing ever drifts", TREND,
            (("[final_value(r.metrics.get(name)) for r in history]",

@@ -63,6 +63,33 @@ def test_the_bound_is_beaten_by_a_new_healthy_run_at_the_stated_rate() -> None:
     assert 0.035 < alarms / trials < 0.065  # binomial sd 0.0034
 
 
+def test_on_a_log_scale_the_bound_is_the_exponential_of_the_logs_bound(tmp_path, capsys) -> None:
+    """``--log-scale``: runs e^1..e^5 give exp(3 + t s sqrt(1.2)), s the logs' sd; a log-normal
+    quantity's fresh draw falls beyond it at the stated rate; a value <= 0 is refused per rule."""
+    paths = [run_file(tmp_path, f"r{i}", math.exp(v)) for i, v in enumerate([1.0, 2.0, 3.0, 4.0, 5.0])]
+    healthy = calibrate.load_runs(paths)
+    cal = calibrate.calibrate_rule('max(data["m"]) < 1000', healthy, {}, 0.01, log_scale=True)
+    assert cal.log_scale and cal.recommended_bound == pytest.approx(math.exp(3 + 3.7469 * math.sqrt(2.5 * 1.2)),
+                                                                    rel=1e-3)
+    lower = calibrate.calibrate_rule('min(data["m"]) > 0.1', healthy, {}, 0.01, log_scale=True)
+    assert lower.recommended_bound == pytest.approx(math.exp(3 - 3.7469 * math.sqrt(2.5 * 1.2)), rel=1e-3)
+    broken = calibrate.load_runs([run_file(tmp_path, "spike", 1e9), run_file(tmp_path, "zero", 0.0)])
+    rows = calibrate.calibrate_rule('max(data["m"]) < 1000', healthy, broken, 0.01, log_scale=True).broken
+    assert rows[0]["fails_recommended"] and rows[0]["margin_in_std"] > 0
+    assert not rows[1]["fails_recommended"] and rows[1]["margin_in_std"] == -math.inf
+    with_zero = calibrate.load_runs([*paths, run_file(tmp_path, "z", 0.0)])
+    refused = calibrate.calibrate_rule('max(data["m"]) < 1000', with_zero, {}, 0.01, log_scale=True)
+    assert refused.recommended_bound is None and refused.reason == "log scale needs every healthy value > 0, got 0"
+    rng, alarms = random.Random(7), 0
+    for _ in range(4000):
+        bound = calibrate.prediction_bound([rng.lognormvariate(1, 0.8) for _ in range(5)], 0.05, upper=True,
+                                           log_scale=True)
+        alarms += rng.lognormvariate(1, 0.8) > bound
+    assert 0.035 < alarms / 4000 < 0.065
+    assert calibrate.main([*paths, "--rule", 'max(data["m"]) < 1000', "--log-scale"]) == 0
+    assert "at false-alarm rate 0.01: 13225.5 (exp(mean(log) + 4.105 * std(log)))" in capsys.readouterr().out
+
+
 def test_current_bound_false_alarms_and_broken_runs_are_reported(tmp_path) -> None:
     healthy = calibrate.load_runs([run_file(tmp_path, f"r{i}", v) for i, v in enumerate([1, 2, 3, 4, 5])])
     broken = calibrate.load_runs([run_file(tmp_path, "diverged", 20.0), run_file(tmp_path, "mild", 6.0)])
