@@ -121,8 +121,21 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
                                              enable_gqa=groups > 1)
         return out.transpose(1, 2).contiguous(), None
-    # on the CPU, each sequence on its own: its length squared, not T^2
-    pieces = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True,
-                                             dropout_p=dropout, scale=scaling, enable_gqa=groups > 1)
-              for s, e in itertools.pairwise(seq_bounds)]
-    return torch.cat(pieces, dim=2).transpose(1, 2).contiguous(), None  # [1, T, H_q, D]
+    # on the CPU, the sequences of each length in one causal sdpa call ([n, H, L, D]): their lengths
+    # squared, not T^2, and one call per distinct length, not per sequence (a GRPO batch holds many
+    # short sequences of few lengths)
+    by_length: dict[int, list[int]] = {}
+    for start, end in itertools.pairwise(seq_bounds):
+        by_length.setdefault(end - start, []).append(start)
+    order, pieces = [], []
+    for length, starts in by_length.items():
+        index = (torch.tensor(starts)[:, None] + torch.arange(length)).flatten().to(query.device)  # [n * L]
+        q, k, v = (t[0].index_select(1, index).unflatten(1, (len(starts), length)).transpose(0, 1)
+                   for t in (query, key, value))  # [n, H, L, D]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=scaling,
+                                             enable_gqa=groups > 1)
+        pieces.append(out.transpose(0, 1).flatten(1, 2))  # [H_q, n * L, D]
+        order.append(index)
+    # back to packed order: the token at packed position i is row inverse[i] of the concatenation
+    inverse = torch.argsort(torch.cat(order))
+    return torch.cat(pieces, dim=1).index_select(1, inverse).transpose(0, 1)[None].contiguous(), None  # [1, T, H_q, D]
