@@ -1118,7 +1118,8 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_packing_worker_scores_and_trains_as_the_padded_worker",), klass="training"),
     Mutant("varlen_attention_not_causal", "the per-sequence attention (CPU, fp32) is not causal: each token attends "
            "to the later tokens of its sequence", "posttrain/models/policy/varlen_attention.py",
-           (("value[:, :, s:e], is_causal=True,", "value[:, :, s:e], is_causal=False,"),),
+           (("out = F.scaled_dot_product_attention(q, k, v, is_causal=True,",
+             "out = F.scaled_dot_product_attention(q, k, v, is_causal=False,"),),
            ("tests/unit/models/policy/test_varlen_attention.py",), klass="training"),
     Mutant("output_layer_scoring_refusals_dropped", "chunked logprobs or packing with megatron, compile or FSDP2 "
            "pass validation: the run then scores from a weight those paths never apply (or FSDP2 never gathered)",
