@@ -78,7 +78,7 @@ def main() -> None:
                     times[name].append(time.perf_counter() - start)
     real, padded = int(batch.attention_mask.sum()), batch.attention_mask.numel()
     flash = varlen_attention._flash_varlen() is not None and args.device == "cuda" and args.precision != "fp32"
-    packed_attention = ("torch flash varlen kernel" if flash else "sdpa per sequence" if args.device == "cpu"
+    packed_attention = ("torch flash varlen kernel" if flash else "sdpa per sequence length" if args.device == "cpu"
                         else "sdpa, a block-diagonal mask")
     print(f"shape {args.shape}, {args.rows} rows, {args.precision} on {args.device} ({args.threads} threads): "
           f"{real} real tokens of {padded} padded ({real / padded:.0%}); packed attention: "

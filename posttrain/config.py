@@ -157,9 +157,9 @@ class PolicyConfig(Section):
     sequence_packing: bool = Field(
         False, description="hf backend: each forward pass runs on the rows' real tokens laid end to end in one "
         "row (position ids restart per sequence; attention within each sequence by its offsets: torch's flash varlen "
-        "kernel on a GPU in bf16/bf16-mixed, sdpa per sequence on a CPU, a block-diagonal mask on a GPU in fp32), "
-        "and the output layer on the completion tokens only: no compute on padding; the loss, micro-batches and "
-        "metrics are unchanged")
+        "kernel on a GPU in bf16/bf16-mixed, sdpa per sequence length on a CPU, a block-diagonal mask on a GPU in "
+        "fp32), and the output layer on the completion tokens only: no compute on padding; the loss, micro-batches "
+        "and metrics are unchanged")
     num_threads: int = Field(1, ge=1, description="torch CPU threads of the worker")
     data_parallel_size: int = Field(
         1, ge=1, description="hf backend: policy workers, each training on its share of every global batch (torch "

@@ -31,7 +31,6 @@ class PackedRows:
             row, ``[0, l0, l0 + l1, ..., T]`` (N the batch's non-empty rows; flash-attention's
             varlen convention).
         seq_bounds: the same offsets as Python ints (read without a device sync).
-        max_seq_len: the longest sequence's length.
     """
 
     input_ids: torch.Tensor
@@ -41,7 +40,6 @@ class PackedRows:
     shape: tuple[int, int]
     cu_seq_lens: torch.Tensor
     seq_bounds: tuple[int, ...]
-    max_seq_len: int
 
 
 def pack_rows(batch: TokenBatch) -> PackedRows:
@@ -59,7 +57,7 @@ def pack_rows(batch: TokenBatch) -> PackedRows:
     sizes = [n for n in lengths.tolist() if n > 0]  # one read-back per forward, none per layer
     bounds = tuple(itertools.accumulate(sizes, initial=0))
     return PackedRows(batch.input_ids[rows, cols][None], cols[None], rows, cols, tuple(mask.shape),  # type: ignore[arg-type]
-                      torch.tensor(bounds, dtype=torch.int32, device=mask.device), bounds, max(sizes, default=0))
+                      torch.tensor(bounds, dtype=torch.int32, device=mask.device), bounds)
 
 
 def unpack(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:

@@ -202,12 +202,19 @@ grpo_functional() {
   #   gain >= 0.02                [0.225, 0.336], rec 0.148. Kept: the 24-run table above (3 machine
   #                               kinds) had worst 0.140 on an H100, which 0.148 would fail
   #   reward last 10% > first     last - first in [0.148, 0.294], rec > 0.040; kept at > 0
-  #   grad norm < 150             [10.2, 60.6], rec 89. Was 100. With grpo_data_parallel.sh's 5 runs (the same
-  #                               policy, trajectories of their own: [11.8, 49.7]) 12 runs, rec 72; but a max over
-  #                               300 steps is right-skewed (one spike sets it), and with its log taken as normal
+  #   grad norm < 150             Was 100. Max pre-clip grad norm over a run, by machine type (Nov 27):
+  #                                 AMD EPYC 2 cores, vLLM, grpo.sh seeds 0-5        10.2 13.9 15.7 20.3 43.6 60.6
+  #                                 AMD, grpo_data_parallel.sh seeds 0-4 (own runs)  [11.8, 49.7]
+  #                                 Xeon (H200 host) pinned to 2 cores, hf, seed 0   15.5
+  #                                 H200 GPU, grpo_megatron.sh / _generation.sh      [10.8, 14.2] / [8.9, 19.3]
+  #                                 AMD, grpo_lora.sh seeds 0-4                      [2.9, 8.6]
+  #                               Normal rec over the 12 CPU full-model runs: 72. But a max over 300 steps
+  #                               is right-skewed (one spike sets it): with its log taken as normal
   #                               (`calibrate --log-scale`) the rec is 111, and 100 had a predicted false-alarm
-  #                               rate of 1.3% (150: 0.4%).
-  #                               A divergence guard: a run that diverges goes orders of magnitude past either
+  #                               rate of 1.3% (150: 0.4%); 150 is 2.5x the highest healthy run. Seen failing:
+  #                               seed 0 with the loss not divided by the batch's token count (the
+  #                               gradient x ~1,000; clipping hides it, the run still gains 0.354) logs
+  #                               2,791: FAIL, 18.6x past the bound (the clip fraction rules fail too)
   #   loss < 10                   [0.023, 0.071], rec 0.107; kept: a divergence guard for all scripts
   #   median ratio min > 0.5      [0.698, 0.917], rec 0.528;  median ratio max < 2: [1.084, 1.353], rec 1.58
   #   mean clip fraction < 0.05   [0.004, 0.017], rec 0.024;  max clip fraction < 0.3: [0.066, 0.167], rec 0.24

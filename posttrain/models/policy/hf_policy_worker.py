@@ -221,8 +221,7 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
             # the varlen attention reads the sequences' offsets (cu_seq_lens), never the position ids
             # (the rotary positions) nor a mask; use_cache=False: a training forward needs no KV cache
             return module(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                          cu_seq_lens=packed.cu_seq_lens, seq_bounds=packed.seq_bounds,
-                          max_seq_len=packed.max_seq_len), packed
+                          cu_seq_lens=packed.cu_seq_lens, seq_bounds=packed.seq_bounds), packed
 
     def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
         out, packed = self._run(model, batch)

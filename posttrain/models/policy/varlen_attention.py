@@ -11,8 +11,9 @@ sequence only, from the sequence boundaries the packed call passes (``cu_seq_len
   - CUDA, bf16/fp16 (the tensors' dtype, or autocast's: bf16-mixed): torch's own flash varlen kernel,
     ``torch.nn.attention.varlen.varlen_attn`` (causal, GQA; forward and backward), one call
     for the whole packed row;
-  - on the CPU: torch's ``scaled_dot_product_attention`` once per sequence, causal, and the
-    outputs concatenated: exact, at each sequence's own length squared;
+  - on the CPU: torch's ``scaled_dot_product_attention``, causal, once per distinct sequence
+    length over the sequences of that length batched, and the outputs put back in packed order:
+    exact, at each sequence's own length squared;
   - on a GPU in fp32 (or a torch without the kernel): one sdpa call with the dense
     block-diagonal causal mask, built on the device from the offsets (what transformers does).
 
@@ -51,6 +52,19 @@ def _flash_varlen() -> Any:
     return varlen_attn
 
 
+@functools.lru_cache(maxsize=16)
+def _length_groups(seq_bounds: tuple[int, ...]) -> tuple[list[tuple[int, int, torch.Tensor]], torch.Tensor]:
+    """The packed row's sequences grouped by length, once per packed call (every layer asks):
+    ``[(n, L, index)]`` with ``index`` the ``[n * L]`` packed positions of the n sequences of length
+    L, and the ``[T]`` permutation that puts the groups' concatenation back in packed order."""
+    by_length: dict[int, list[int]] = {}
+    for start, end in itertools.pairwise(seq_bounds):
+        by_length.setdefault(end - start, []).append(start)
+    groups = [(len(starts), length, (torch.tensor(starts)[:, None] + torch.arange(length)).flatten())
+              for length, starts in by_length.items()]
+    return groups, torch.argsort(torch.cat([index for *_, index in groups]))
+
+
 @functools.cache
 def _flash_options(kernel: Any) -> tuple[bool, bool]:
     """What ``kernel``'s signature takes: (a ``window_size``, else ``is_causal``: torch 2.9-2.10;
@@ -62,7 +76,7 @@ def _flash_options(kernel: Any) -> tuple[bool, bool]:
 def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                              cu_seq_lens: torch.Tensor | None = None, seq_bounds: tuple[int, ...] | None = None,
-                             max_seq_len: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+                             **kwargs: Any) -> tuple[torch.Tensor, None]:
     """Causal attention within each packed sequence (transformers' attention-function signature).
 
     Args:
@@ -72,9 +86,8 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         dropout: attention dropout probability (not on the flash path).
         scaling: the softmax scale (default ``1 / sqrt(D)``).
         cu_seq_lens: ``[N + 1]`` int32 sequence offsets into T on the query's device, and
-        seq_bounds: the same offsets as Python ints, and
-        max_seq_len: the longest sequence (``data.packing.PackedRows``): given by the packed call
-            so that no layer reads a device tensor back (a host sync per layer).
+        seq_bounds: the same offsets as Python ints (``data.packing.PackedRows``): given by the
+            packed call so that no layer reads a device tensor back (a host sync per layer).
 
     Returns:
         ``([1, T, H_q, D]`` in the attention's dtype (the autocast dtype under autocast), ``None``), as
@@ -84,10 +97,9 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         ValueError: no offsets (a call that is not packed), more than one row, offsets that do not
             end at T, a non-causal layer, or dropout on the flash path.
     """
-    if cu_seq_lens is None or seq_bounds is None or max_seq_len is None:
+    if cu_seq_lens is None or seq_bounds is None:
         raise ValueError(f"attn_implementation={VARLEN} attends within packed sequences and needs the packed call's "
-                         "cu_seq_lens, seq_bounds and max_seq_len (posttrain.data.packing); this call passed none "
-                         "(padded rows?)")
+                         "cu_seq_lens and seq_bounds (posttrain.data.packing); this call passed none (padded rows?)")
     if query.shape[0] != 1 or seq_bounds[-1] != query.shape[2]:
         raise ValueError(f"{VARLEN}: one packed row of T tokens with offsets ending at T expected, got query "
                          f"{tuple(query.shape)} and offsets ending at {seq_bounds[-1]}")
@@ -110,7 +122,8 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
             options["enable_gqa"] = True
         elif groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = kernel(q, k, v, cu_seq_lens, cu_seq_lens, max_seq_len, max_seq_len, **options)  # [T, H_q, D]
+        longest = max(end - start for start, end in itertools.pairwise(seq_bounds))
+        out = kernel(q, k, v, cu_seq_lens, cu_seq_lens, longest, longest, **options)  # [T, H_q, D]
         return out[None], None
     if query.is_cuda:
         # fp32 on a GPU (no flash kernel): one sdpa call with the block-diagonal causal mask, built on
@@ -124,18 +137,13 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     # on the CPU, the sequences of each length in one causal sdpa call ([n, H, L, D]): their lengths
     # squared, not T^2, and one call per distinct length, not per sequence (a GRPO batch holds many
     # short sequences of few lengths)
-    by_length: dict[int, list[int]] = {}
-    for start, end in itertools.pairwise(seq_bounds):
-        by_length.setdefault(end - start, []).append(start)
-    order, pieces = [], []
-    for length, starts in by_length.items():
-        index = (torch.tensor(starts)[:, None] + torch.arange(length)).flatten().to(query.device)  # [n * L]
-        q, k, v = (t[0].index_select(1, index).unflatten(1, (len(starts), length)).transpose(0, 1)
+    pieces = []
+    length_groups, inverse = _length_groups(seq_bounds)
+    for n, length, index in length_groups:
+        q, k, v = (t[0].index_select(1, index).unflatten(1, (n, length)).transpose(0, 1)
                    for t in (query, key, value))  # [n, H, L, D]
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=scaling,
                                              enable_gqa=groups > 1)
         pieces.append(out.transpose(0, 1).flatten(1, 2))  # [H_q, n * L, D]
-        order.append(index)
     # back to packed order: the token at packed position i is row inverse[i] of the concatenation
-    inverse = torch.argsort(torch.cat(order))
     return torch.cat(pieces, dim=1).index_select(1, inverse).transpose(0, 1)[None].contiguous(), None  # [1, T, H_q, D]

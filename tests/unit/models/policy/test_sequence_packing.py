@@ -100,7 +100,7 @@ def test_pack_and_unpack_round_trip_with_per_sequence_positions() -> None:
     packed = pack_rows(batch)
     assert packed.input_ids.tolist() == [[5, 6, 7, 11, 12, 8, 13, 14, 15, 9, 10, 16]]
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2]]
-    assert packed.cu_seq_lens.tolist() == [0, 5, 9, 12] and packed.max_seq_len == 5
+    assert packed.cu_seq_lens.tolist() == [0, 5, 9, 12] and packed.seq_bounds == (0, 5, 9, 12)
     values = torch.arange(12.0)[None, :, None].repeat(1, 1, 3)  # [1, T, 3]
     back = unpack(values, packed)
     assert back.shape == (3, 8, 3)  # make_batch pads to a length bucket
