@@ -2,7 +2,7 @@
 tokens/s, MFU and peak GPU memory of the policy worker's ``train`` at the same shape.
 
     python benchmarks/megatron_bench.py [--shape 0.4b|1.4b|25m] [--rows 8] [--seq 1024] [--steps 5]
-        [--variants hf:bf16-mixed,megatron-local:bf16-mixed,megatron-torch:bf16-mixed]
+        [--variants hf:bf16-mixed,megatron-local:bf16-mixed,megatron-torch:bf16-mixed] [--batch uniform|skewed]
 
 The model is a randomly initialised Qwen2 (``0.4b``: hidden 896, 24 layers, 14 query / 2
 key-value heads, ffn 4864, vocab 32k, ~0.39B parameters, tied embeddings; ``1.4b``: hidden
@@ -11,7 +11,10 @@ optimizer step over ``rows`` sequences of ``seq`` tokens (all completion, GRPO l
 the worker classes the library runs (``HfPolicyWorkerImpl``, ``MegatronPolicyWorkerImpl``, in
 this process). A variant is ``backend:precision``; ``megatron-local`` and ``megatron-torch``
 are the Megatron policy with ``policy.megatron.layer_spec`` local (megatron-core's unfused
-attention) and torch (torch's fused attention; the default). The first variant is the
+attention) and torch (torch's fused attention; the default); a ``+packed`` suffix turns on
+``policy.sequence_packing``. ``--batch skewed`` replaces the uniform rows by ``rows`` rows of
+GSM8K-like lengths (``packing_bench.skewed_batch``: mostly padding), and tokens/s counts the real
+tokens only. The first variant is the
 reference: every row prints its speed as a ratio to it, measured in the same invocation.
 Times are medians over ``--steps`` calls after two warm-up calls; MFU = 6 * parameters *
 tokens/s / 989e12 (H100 dense bf16 peak; for fp32 rows it is the same yardstick, not the fp32
@@ -73,10 +76,12 @@ def bench(variant: str, path: str, batch: TokenBatch, steps: int) -> dict[str, f
     torch.cuda.reset_peak_memory_stats()
     rows = len(batch)
     name, precision = variant.split(":")
+    precision, _, packed = precision.partition("+")
     backend, _, layer_spec = name.partition("-")
     spec: dict[str, Any] = {"layer_spec": layer_spec} if backend == "megatron" and layer_spec else {}
     worker = make_worker(backend, path, precision=precision, device="cuda", lr=1e-6, train_global_batch_size=rows,
-                         train_micro_batch_size=rows, logprob_batch_size=rows, **spec)
+                         train_micro_batch_size=rows, logprob_batch_size=rows, sequence_packing=packed == "packed",
+                         **spec)
     zeros = torch.zeros(batch.completion_mask.shape)
     extra = {"advantages": torch.randn(rows), "old_logprobs": zeros - 10.0, "ref_logprobs": zeros - 10.0}
     times = []
@@ -100,22 +105,32 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--variants", default="hf:bf16-mixed,megatron-local:bf16-mixed,megatron-torch:bf16-mixed",
-                        help="comma-separated backend[-layer_spec]:precision; the first is the ratios' reference")
+                        help="comma-separated backend[-layer_spec]:precision[+packed]; the first is the ratios' "
+                        "reference")
+    parser.add_argument("--batch", choices=["uniform", "skewed"], default="uniform",
+                        help="uniform: rows x seq tokens, no padding; skewed: GSM8K-like lengths, mostly padding")
     args = parser.parse_args()
     variants = args.variants.split(",")
     for v in variants:
         name, _, precision = v.partition(":")
-        if name not in ("hf", "megatron", "megatron-local", "megatron-torch") or precision not in ("fp32",
-                                                                                                 "bf16-mixed"):
-            sys.exit(f"megatron_bench.py: bad variant {v!r} (backend[-layer_spec]:precision, e.g. megatron-torch:fp32)")
+        precision, _, packed = precision.partition("+")
+        if name not in ("hf", "megatron", "megatron-local", "megatron-torch") or precision not in (
+                "fp32", "bf16-mixed") or packed not in ("", "packed"):
+            sys.exit(f"megatron_bench.py: bad variant {v!r} (backend[-layer_spec]:precision[+packed], e.g. "
+                     "megatron-torch:fp32+packed)")
     if not torch.cuda.is_available():
         sys.exit("megatron_bench.py: needs 1 GPU, found 0")
     with tempfile.TemporaryDirectory() as tmp:
         params = build_model(args.shape, Path(tmp))
-        batch = make_rows(args.rows, args.seq, SHAPES[args.shape]["vocab_size"])
-        tokens = args.rows * args.seq
-        print(f"{args.shape}: {params / 1e6:.0f}M parameters, {args.rows} x {args.seq} tokens per step, "
-              f"{torch.cuda.get_device_name()}")
+        if args.batch == "skewed":
+            from packing_bench import skewed_batch  # this folder's (run as a script)
+
+            batch = skewed_batch(args.rows, SHAPES[args.shape]["vocab_size"])
+        else:
+            batch = make_rows(args.rows, args.seq, SHAPES[args.shape]["vocab_size"])
+        tokens = int(batch.attention_mask.sum())
+        print(f"{args.shape}: {params / 1e6:.0f}M parameters, {args.rows} rows, {tokens} real tokens of "
+              f"{batch.attention_mask.numel()} padded per step, {torch.cuda.get_device_name()}")
         header = f"{'variant':<28}{'step s':>8}{'tokens/s':>11}{'MFU %':>7}{'peak GiB':>10}"
         print(header + f"{'speed vs ' + variants[0]:>30}")
         reference = None

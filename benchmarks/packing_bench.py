@@ -6,7 +6,7 @@
 One GRPO train step (``HfPolicyWorkerImpl.train``: forward, fp32 logprobs, clipped loss,
 backward, clip, AdamW) of three workers built from the same directory, alternating step by step
 after one warm-up step each, so clock and load drift hit all: ``padded`` (sdpa, the padding mask),
-``packed`` (``policy.sequence_packing=true``: the varlen attention, ``models.policy.varlen_attention``)
+``packed`` (``policy.sequence_packing=true``: the varlen attention, ``models.packed_attention``)
 and ``dense`` (the same packed rows through sdpa and transformers' dense block-diagonal mask).
 The rows have skewed lengths, as GRPO rollouts on GSM8K do:
 prompts of 60-140 tokens, completions drawn from an exponential of mean 120 tokens capped at
@@ -32,7 +32,7 @@ from train_step_bench import SHAPES, build_model  # this folder's (run as a scri
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.config import PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch, make_batch
-from posttrain.models.policy import varlen_attention
+from posttrain.models import packed_attention
 from posttrain.models.policy.hf_policy_worker import HfPolicyWorkerImpl
 
 
@@ -77,12 +77,12 @@ def main() -> None:
                 if i >= 1:
                     times[name].append(time.perf_counter() - start)
     real, padded = int(batch.attention_mask.sum()), batch.attention_mask.numel()
-    flash = varlen_attention._flash_varlen() is not None and args.device == "cuda" and args.precision != "fp32"
-    packed_attention = ("torch flash varlen kernel" if flash else "sdpa per sequence length" if args.device == "cpu"
-                        else "sdpa, a block-diagonal mask")
+    flash = packed_attention._flash_varlen() is not None and args.device == "cuda" and args.precision != "fp32"
+    kernel = ("torch flash varlen kernel" if flash else "sdpa per sequence length" if args.device == "cpu"
+              else "sdpa, a block-diagonal mask")
     print(f"shape {args.shape}, {args.rows} rows, {args.precision} on {args.device} ({args.threads} threads): "
           f"{real} real tokens of {padded} padded ({real / padded:.0%}); packed attention: "
-          f"{packed_attention}, dense: one [T, T] block-diagonal mask")
+          f"{kernel}, dense: one [T, T] block-diagonal mask")
     median = {name: statistics.median(seconds) for name, seconds in times.items()}
     for name, seconds in times.items():
         print(f"  {name:6s} {median[name]:.3f} s/step (min {min(seconds):.3f}, max {max(seconds):.3f}), "

@@ -155,11 +155,12 @@ class PolicyConfig(Section):
         "layer this many completion tokens at a time (each chunk recomputed in the backward pass), so the [B, S, V] "
         "logits never exist at once: the largest activation of a step at a large vocabulary; 0: the full logits")
     sequence_packing: bool = Field(
-        False, description="hf backend: each forward pass runs on the rows' real tokens laid end to end in one "
-        "row (position ids restart per sequence; attention within each sequence by its offsets: torch's flash varlen "
-        "kernel on a GPU in bf16/bf16-mixed, sdpa per sequence length on a CPU, a block-diagonal mask on a GPU in "
-        "fp32), and the output layer on the completion tokens only: no compute on padding; the loss, micro-batches "
-        "and metrics are unchanged")
+        False, description="each forward pass runs on the rows' real tokens laid end to end in one row (position "
+        "ids restart per sequence; attention within each sequence by its offsets: torch's flash varlen kernel on a "
+        "GPU in bf16/bf16-mixed, sdpa per sequence length on a CPU, a block-diagonal mask on a GPU in fp32): no "
+        "compute on padding; the loss, micro-batches and metrics are unchanged. hf backend: the output layer on the "
+        "completion tokens only; megatron backend: megatron-core's packed (thd) format, the torch layer spec and one "
+        "pipeline stage")
     num_threads: int = Field(1, ge=1, description="torch CPU threads of the worker")
     data_parallel_size: int = Field(
         1, ge=1, description="hf backend: policy workers, each training on its share of every global batch (torch "
@@ -210,16 +211,22 @@ class PolicyConfig(Section):
 
     @model_validator(mode="after")
     def _output_layer_scoring_on_plain_hf_only(self) -> PolicyConfig:
-        # logprob_chunk_tokens and sequence_packing both run the decoder, then the output layer's
-        # weight outside the model's forward (ops.chunked_completion_logprobs)
-        for key, on, megatron_why in (
+        # logprob_chunk_tokens and, on the hf backend, sequence_packing both run the decoder, then the
+        # output layer's weight outside the model's forward (ops.chunked_completion_logprobs); the megatron
+        # backend packs inside megatron-core's forward (its thd format)
+        mcore = self.megatron
+        for key, on, on_megatron in (
             (f"logprob_chunk_tokens={self.logprob_chunk_tokens}", self.logprob_chunk_tokens > 0,
-             "its logits come from megatron-core's output layer"),
+             "backend=megatron (its logits come from megatron-core's output layer)"),
             ("sequence_packing=true", self.sequence_packing,
-             "megatron-core packs sequences only with Transformer Engine's attention"),
+             None if mcore.layer_spec == "torch" and mcore.pipeline_model_parallel_size == 1
+             else "megatron.layer_spec=local (megatron-core's own attention takes no packed sequences)"
+             if mcore.layer_spec != "torch"
+             else f"megatron.pipeline_model_parallel_size={mcore.pipeline_model_parallel_size} (the pipeline "
+                  "sends fixed [S, B, H] activations between stages; a packed row's length changes per batch)"),
         ):
             other = None if not on else (
-                f"backend=megatron ({megatron_why})" if self.backend != "hf"
+                on_megatron if self.backend != "hf"
                 else "compile=true (the output layer runs outside the compiled forward)" if self.compile
                 else f"data_parallel_size={self.data_parallel_size} (FSDP2 gathers the output layer only in the "
                      "model's forward)" if self.data_parallel_size > 1 else None)

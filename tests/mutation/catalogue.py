@@ -1117,7 +1117,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/unit/models/policy/test_sequence_packing.py::"
             "test_a_packing_worker_scores_and_trains_as_the_padded_worker",), klass="training"),
     Mutant("varlen_attention_not_causal", "the per-sequence attention (CPU, fp32) is not causal: each token attends "
-           "to the later tokens of its sequence", "posttrain/models/policy/varlen_attention.py",
+           "to the later tokens of its sequence", "posttrain/models/packed_attention.py",
            (("out = F.scaled_dot_product_attention(q, k, v, is_causal=True,",
              "out = F.scaled_dot_product_attention(q, k, v, is_causal=False,"),),
            ("tests/unit/models/policy/test_varlen_attention.py",), klass="training"),
@@ -1133,6 +1133,21 @@ MUTANTS: tuple[Mutant, ...] = (
            (("            self.model.set_attn_implementation(varlen_attention.register())\n", "            pass\n"),),
            ("tests/unit/models/policy/test_sequence_packing.py::"
             "test_a_packing_worker_scores_and_trains_as_the_padded_worker",), klass="performance"),
+    # issue 35: sequence packing on the Megatron backend (models/megatron/attention.py, the worker)
+    Mutant("megatron_packed_attention_spans_the_row", "the torch layer spec's packed attention is given one sequence "
+           "spanning the packed row: each sequence attends to the sequences packed before it",
+           "posttrain/models/megatron/attention.py",
+           (("packed_causal_attention(query, key, value, params.cu_seqlens_q, bounds,",
+             "packed_causal_attention(query, key, value, params.cu_seqlens_q[[0, -1]], (0, bounds[-1]),"),),
+           ("tests/unit/models/megatron/test_megatron_packing.py",
+            f"{LAYER_SPEC_TESTS}::test_packed_sequences_attend_as_megatrons_attention_over_each_sequence_alone"),
+           klass="megatron", tier="mcore", gpus=1),
+    Mutant("megatron_packing_key_ignored", "policy.sequence_packing=true on the Megatron backend trains on padded "
+           "rows: the same numbers, none of the speed asked for", "posttrain/models/policy/megatron_policy_worker.py",
+           (("            if self.cfg.sequence_packing:  # one stage", "            if False:  # one stage"),),
+           ("tests/unit/models/megatron/test_megatron_packing.py::"
+            "test_a_packing_megatron_worker_scores_and_trains_as_the_hf_worker",), klass="config", tier="mcore",
+           gpus=1),
     # issue 33, the engine in place (models/generation/megatron/in_place.py)
     Mutant("in_place_engine_serves_unpublished_weights", "the in-place megatron engine generates between a train step "
            "and its refit: completions of weights no probe checked, labelled with the previous version",

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
+from posttrain.models.packed_attention import packed_causal_attention
+
 # What a masked score becomes. Large enough that a real score added to it rounds away (a fully
 # masked row then averages its values, as megatron's softmax does), small enough that the CUDA
 # kernels' rescaling by log2(e) stays finite: with the dtype's minimum, the memory-efficient kernel
@@ -57,13 +59,21 @@ class SDPACoreAttention(DotProductAttention):
         (grouped-query: ``heads`` a multiple of ``groups``); returns ``[S_q, B, heads * D]`` in
         the inputs' dtype.
 
+        Packed sequences (``packed_seq_params`` in megatron's ``thd`` format: ``query`` ``[T, heads, D]``,
+        ``key``/``value`` ``[T, groups, D]``, the batch dimension squeezed) attend causally within
+        each sequence by its offsets (:func:`~posttrain.models.packed_attention.packed_causal_attention`);
+        returns ``[T, heads * D]``.
+
         Raises:
-            ValueError: packed sequences or an attention bias (megatron's TE attention only);
-                no mask for a causal layer whose query and key lengths differ (a decode step
-                must bring the inference loop's mask).
+            ValueError: an attention bias (megatron's TE attention only); packed sequences not in the
+                ``thd`` format, or with a mask, or in a layer that is not causal; no mask for a causal
+                layer whose query and key lengths differ (a decode step must bring the inference
+                loop's mask).
         """
-        if packed_seq_params is not None or attention_bias is not None:
-            raise ValueError("SDPACoreAttention takes neither packed sequences nor an attention bias")
+        if attention_bias is not None:
+            raise ValueError("SDPACoreAttention takes no attention bias")
+        if packed_seq_params is not None:
+            return self._packed(query, key, value, attention_mask, packed_seq_params)
         groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
         # [S, B, n, D] -> [B, n, S, D]; keys and values repeated per query group (a copy of the
         # small [S, B, groups, D] tensors, which every sdpa backend accepts, unlike enable_gqa)
@@ -81,3 +91,15 @@ class SDPACoreAttention(DotProductAttention):
             causal = True
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.softmax_scale)
         return out.permute(2, 0, 1, 3).reshape(query.shape[0], query.shape[1], self.hidden_size_per_partition)
+
+    def _packed(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, params: Any) -> torch.Tensor:
+        """The ``thd`` branch of :meth:`forward`."""
+        if params.qkv_format != "thd" or attention_mask is not None or self.attn_mask_type != AttnMaskType.causal:
+            raise ValueError(f"SDPACoreAttention packs causal self-attention in the thd format without a mask, got "
+                             f"qkv_format={params.qkv_format!r}, a mask: {attention_mask is not None}, "
+                             f"attn_mask_type={self.attn_mask_type.name}")
+        # the offsets as Python ints, set by models.megatron.model.packed_logits; read back otherwise
+        bounds = getattr(params, "seq_bounds", None) or tuple(params.cu_seqlens_q.tolist())
+        out = packed_causal_attention(query, key, value, params.cu_seqlens_q, bounds, scale=self.softmax_scale)
+        return out.reshape(query.shape[0], self.hidden_size_per_partition)  # [T, heads * D]

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import torch
 
 from posttrain.config import PolicyConfig
+from posttrain.data.packing import PackedRows, unpack
 from posttrain.models.megatron.conversion import GPTShape
 
 Precision = Literal["fp32", "bf16-mixed"]
@@ -213,6 +214,26 @@ def right_padded_logits(model: torch.nn.Module, input_ids: torch.Tensor, vocab_s
     logits at padding positions are never read."""
     positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     return model(input_ids, positions, None)[..., :vocab_size]
+
+
+def packed_logits(model: torch.nn.Module, packed: PackedRows, vocab_size: int) -> torch.Tensor:
+    """``[B, S, V]`` logits of the right-padded rows that ``packed`` holds (``data.packing.pack_rows``),
+    from one forward pass over their real tokens only: megatron-core's packed (``thd``) format,
+    whose rotary embedding restarts at each sequence's offset, and the model's core attention
+    within each sequence (:class:`~posttrain.models.megatron.attention.SDPACoreAttention`, the
+    ``torch`` layer spec). Logits at padding positions are zeros and never read.
+
+    The offsets travel to every layer in megatron's ``PackedSeqParams`` (``cu_seqlens_q/kv``) and, as
+    Python ints, in its extra attribute ``seq_bounds`` (no host sync per layer for the attention).
+    """
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    longest = max(end - start for start, end in zip(packed.seq_bounds, packed.seq_bounds[1:], strict=False))
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=packed.cu_seq_lens, cu_seqlens_kv=packed.cu_seq_lens,
+                             max_seqlen_q=longest, max_seqlen_kv=longest)
+    params.seq_bounds = packed.seq_bounds
+    logits = model(packed.input_ids, packed.position_ids, None, packed_seq_params=params)  # [1, T, V_padded]
+    return unpack(logits[..., :vocab_size], packed)
 
 
 def unwrap(model: Any) -> Any:

@@ -25,6 +25,7 @@ import torch
 
 from posttrain.config import PolicyWorkerConfig
 from posttrain.data.batch import TokenBatch
+from posttrain.data.packing import pack_rows
 from posttrain.models.generation.megatron.in_place import InPlaceEngineMixin
 from posttrain.models.megatron.conversion import (
     GPTShape,
@@ -131,8 +132,10 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase, InPlaceEngineMixin):
     # -- the backend hooks of PolicyWorkerBase ------------------------------------------------
 
     def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
-        from posttrain.models.megatron.model import right_padded_logits
+        from posttrain.models.megatron.model import packed_logits, right_padded_logits
 
+        if self.cfg.sequence_packing:  # the real tokens only, one packed row (the logits unpacked)
+            return packed_logits(model, pack_rows(batch), self.shape.vocab_size)
         return right_padded_logits(model, batch.input_ids, self.shape.vocab_size)
 
     def _schedule(self, model: torch.nn.Module, micro: list[MicroBatch], forward_only: bool,
@@ -149,13 +152,18 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase, InPlaceEngineMixin):
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        from posttrain.models.megatron.model import packed_logits
+
         vocab, n = self.shape.vocab_size, len(micro)
 
         def forward_step(data_iterator: Any, module: torch.nn.Module) -> tuple[torch.Tensor, Callable]:
             mb = next(data_iterator)
             ids = mb.batch.input_ids
-            positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-            output = module(ids, positions, None)  # right-padded rows: the causal mask suffices
+            if self.cfg.sequence_packing:  # one stage (config): the [B, S, V] logits, padding computed never
+                output = packed_logits(module, pack_rows(mb.batch), vocab)
+            else:
+                positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+                output = module(ids, positions, None)  # right-padded rows: the causal mask suffices
 
             def loss_func(logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
                 loss, outputs = reduce(mb, logits[..., :vocab])

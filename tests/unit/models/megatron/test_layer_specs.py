@@ -137,3 +137,60 @@ def test_the_layer_spec_key_builds_its_attention(noisy_tiny, layer_spec) -> None
     assert {type(layer.self_attention.core_attention).__name__
             for layer in unwrap(worker.reference).decoder.layers} == set(expected)
     assert unwrap(worker.model).config.bias_activation_fusion == (layer_spec == "torch")
+
+
+PACKED_LENGTHS = [7, 1, 12, 3, 7]  # one-token sequences, and a length two sequences share
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_packed_sequences_attend_as_megatrons_attention_over_each_sequence_alone(dtype) -> None:
+    """megatron's packed (thd) call: ``[T, heads, D]`` with the sequences' offsets. Each sequence's
+    outputs and q/k/v gradients equal megatron's ``DotProductAttention`` run on that sequence
+    alone (fp32 reference): fp32 within ``FP32_BOUND``, bf16 (torch's flash varlen kernel) within
+    bf16 rounding (2e-2 relative, as the varlen kernel's own test)."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    reference, sdpa = _attentions()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    total = sum(PACKED_LENGTHS)
+    q = torch.randn(total, 8, 16, device="cuda", generator=g)
+    k, v = (torch.randn(total, 2, 16, device="cuda", generator=g) for _ in range(2))
+    bounds = (0, *torch.tensor(PACKED_LENGTHS).cumsum(0).tolist())
+    cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(PACKED_LENGTHS),
+                             max_seqlen_kv=max(PACKED_LENGTHS))
+    params.seq_bounds = bounds
+    cotangent = torch.cos(torch.arange(total * 8 * 16, device="cuda").view(total, 128).float())
+    packed_in = [t.clone().to(dtype).requires_grad_(True) for t in (q, k, v)]  # leaves of their own
+    packed = sdpa(*packed_in, None, packed_seq_params=params)
+    assert packed.shape == (total, 128) and packed.dtype == dtype
+    packed.float().backward(cotangent)
+    want, want_grads = [], [[], [], []]
+    for start, end in zip(bounds, bounds[1:], strict=False):  # each sequence as its own batch of one
+        inputs = [t[start:end, None].clone().requires_grad_(True) for t in (q, k, v)]
+        out = reference(*inputs, None)  # [L, 1, heads * D], causal
+        out.backward(cotangent[start:end, None])
+        want.append(out.detach()[:, 0])
+        for i, t in enumerate(inputs):
+            want_grads[i].append(t.grad[:, 0])
+    pairs = [(packed.detach(), torch.cat(want))] + [(t.grad, torch.cat(w)) for t, w in zip(packed_in, want_grads,
+                                                                                            strict=True)]
+    if dtype == torch.float32:
+        gaps = [(got - ref).abs().max().item() for got, ref in pairs]
+        assert max(gaps) <= FP32_BOUND, gaps
+    else:
+        gaps = [((got.float() - ref).norm() / ref.norm()).item() for got, ref in pairs]
+        assert max(gaps) <= 2e-2, gaps
+    print(f"packed core attention {dtype}: output, dq, dk, dv gaps {gaps}")
+
+
+def test_packed_sequences_with_a_mask_are_refused() -> None:
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    _, sdpa = _attentions()
+    q, k, v = (torch.randn(6, n, 16, device="cuda") for n in (8, 2, 2))
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32, device="cuda")
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=4, max_seqlen_kv=4)
+    with pytest.raises(ValueError, match=r"^SDPACoreAttention packs causal self-attention in the thd format without "
+                                         r"a mask, got qkv_format='thd', a mask: True"):
+        sdpa(q, k, v, torch.zeros(1, 1, 6, 6, dtype=torch.bool, device="cuda"), packed_seq_params=params)

@@ -95,21 +95,32 @@ def test_under_bf16_mixed_the_chunks_multiply_in_bf16_as_autocast_does(tiny_mode
     assert distance(chunked.get_weights(), want) <= 5e-2 * distance(want, before)
 
 
-@pytest.mark.parametrize(("on", "off"), [("logprob_chunk_tokens=4", "logprob_chunk_tokens=0"),
-                                         ("sequence_packing=true", "sequence_packing=false")])
-@pytest.mark.parametrize(("keys", "other"), [
-    ({"backend": "megatron"}, "backend=megatron"),
-    ({"compile": True}, "compile=true"),
-    ({"data_parallel_size": 2}, "data_parallel_size=2"),
+CHUNKS, PACKING = ("logprob_chunk_tokens=4", "logprob_chunk_tokens=0"), ("sequence_packing=true", "sequence_packing=false")
+
+
+@pytest.mark.parametrize(("on", "off", "keys", "other"), [
+    # the hf backend's chunked logprobs and packing both run the output layer outside the model's forward
+    *[(*key, keys, other) for key in (CHUNKS, PACKING) for keys, other in (
+        ({"compile": True}, "compile=true"), ({"data_parallel_size": 2}, "data_parallel_size=2"))],
+    (*CHUNKS, {"backend": "megatron"}, "backend=megatron"),
+    # megatron packs in megatron-core's thd format: the torch layer spec's attention, one pipeline stage
+    (*PACKING, {"backend": "megatron", "megatron.layer_spec": "local"}, "megatron.layer_spec=local"),
+    (*PACKING, {"backend": "megatron", "megatron.pipeline_model_parallel_size": 2},
+     "megatron.pipeline_model_parallel_size=2"),
 ])
 def test_what_output_layer_scoring_cannot_serve_is_refused_in_one_line(keys, other, on, off) -> None:
-    """Chunked logprobs and sequence packing both run the output layer outside the model's
-    forward: the same three settings are refused for both, in one line naming both keys."""
+    """Settings that chunked logprobs or sequence packing cannot serve are refused in one line naming
+    both keys; with the key off, nothing is refused."""
     overrides = [f"policy.{key}={str(value).lower()}" for key, value in keys.items()]
     with pytest.raises(ConfigError, match=rf"{on} cannot be combined with {other}") as err:
         load_config(GRPO_YAML, [f"policy.{on}", *overrides], GRPOMasterConfig)
     assert "\n" not in str(err.value)
     load_config(GRPO_YAML, [f"policy.{off}", *overrides], GRPOMasterConfig)  # off: nothing refused
+
+
+def test_the_megatron_backend_takes_packing_with_its_default_layout() -> None:
+    cfg = load_config(GRPO_YAML, ["policy.sequence_packing=true", "policy.backend=megatron"], GRPOMasterConfig)
+    assert cfg.policy.sequence_packing and cfg.policy.megatron.layer_spec == "torch"
 
 
 def test_a_model_whose_logits_are_not_hidden_times_the_output_layer_is_refused(tiny_model_path) -> None:

@@ -92,9 +92,9 @@ def test_a_call_without_sequence_offsets_is_refused_naming_the_implementation():
 @pytest.mark.gpu(1)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 1 GPU, found 0")
 def test_on_a_gpu_the_flash_varlen_kernel_equals_the_per_sequence_path(monkeypatch):
-    from posttrain.models.policy import varlen_attention
+    from posttrain.models import packed_attention
 
-    kernel = varlen_attention._flash_varlen()
+    kernel = packed_attention._flash_varlen()
     if kernel is None:
         pytest.skip("torch's flash varlen kernel (torch >= 2.9) is not in this torch")
     calls: list[int] = []
@@ -104,7 +104,7 @@ def test_on_a_gpu_the_flash_varlen_kernel_equals_the_per_sequence_path(monkeypat
         calls.append(1)
         return kernel(*args, **kw)
 
-    monkeypatch.setattr(varlen_attention, "_flash_varlen", lambda: counted)
+    monkeypatch.setattr(packed_attention, "_flash_varlen", lambda: counted)
     q, k, v = qkv(0, heads=8, kv_heads=2, dim=64, device="cuda")
     scale = 1 / math.sqrt(64)
     # the CPU's per-sequence path, the reference (same values, fp32)
@@ -113,15 +113,20 @@ def test_on_a_gpu_the_flash_varlen_kernel_equals_the_per_sequence_path(monkeypat
     want_grads = torch.autograd.grad(want.square().sum(), cpu)
     # fp32 on the GPU: the dense block-diagonal mask built on the device
     out32, _ = varlen_attention_forward(Layer(), q, k, v, None, scaling=scale, **offsets("cuda"))
-    assert not calls and rel(out32.cpu(), want) <= 1e-4
-    for got, ref in zip(torch.autograd.grad(out32.square().sum(), (q, k, v)), want_grads, strict=True):
-        assert rel(got.cpu(), ref) <= 1e-4
+    grads32 = torch.autograd.grad(out32.square().sum(), (q, k, v))
+    gaps = {"fp32 output": rel(out32.cpu(), want),
+            "fp32 gradients": max(rel(got.cpu(), ref) for got, ref in zip(grads32, want_grads, strict=True))}
+    assert not calls and gaps["fp32 output"] <= 1e-4 and gaps["fp32 gradients"] <= 1e-4, gaps
     # the flash varlen kernel: bf16 tensors (precision bf16), and fp32 tensors under bf16 autocast
     # (bf16-mixed: the rotary embedding hands fp32 q and k to the attention)
     for autocast in (False, True):
         inputs = [t.detach().to(torch.float32 if autocast else torch.bfloat16).requires_grad_() for t in (q, k, v)]
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             out, _ = varlen_attention_forward(Layer(), *inputs, None, scaling=scale, **offsets("cuda"))
-        assert len(calls) == 1 + autocast and out.dtype == torch.bfloat16 and rel(out.cpu(), want) <= 2e-2
-        for got, ref in zip(torch.autograd.grad(out.float().square().sum(), inputs), want_grads, strict=True):
-            assert rel(got.cpu(), ref) <= 2e-2
+        grads = torch.autograd.grad(out.float().square().sum(), inputs)
+        name = "bf16 autocast" if autocast else "bf16"
+        gaps[f"{name} output"] = rel(out.cpu(), want)
+        gaps[f"{name} gradients"] = max(rel(got.cpu(), ref) for got, ref in zip(grads, want_grads, strict=True))
+        assert len(calls) == 1 + autocast and out.dtype == torch.bfloat16, (calls, out.dtype)
+        assert gaps[f"{name} output"] <= 2e-2 and gaps[f"{name} gradients"] <= 2e-2, gaps
+    print(f"varlen GPU gaps: {gaps}")  # the table above (pytest -s)
