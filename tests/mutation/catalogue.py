@@ -1142,6 +1142,15 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/unit/models/megatron/test_megatron_packing.py",
             f"{LAYER_SPEC_TESTS}::test_packed_sequences_attend_as_megatrons_attention_over_each_sequence_alone"),
            klass="megatron", tier="mcore", gpus=1),
+    Mutant("flash_varlen_not_causal", "the flash varlen kernel (GPU, bf16) attends to the later tokens of each "
+           "packed sequence: bf16 packed training sees the future, both backends",
+           "posttrain/models/packed_attention.py",
+           (('{"window_size": (-1, 0)} if windowed else {"is_causal": True}',
+             '{"window_size": (-1, -1)} if windowed else {"is_causal": False}'),),
+           (f"{LAYER_SPEC_TESTS}::test_packed_sequences_attend_as_megatrons_attention_over_each_sequence_alone",
+            "tests/unit/models/megatron/test_megatron_packing.py::"
+            "test_bf16_mixed_packing_runs_the_flash_kernel_and_scores_as_padded_rows"),
+           klass="training", tier="mcore", gpus=1),
     Mutant("megatron_packing_key_ignored", "policy.sequence_packing=true on the Megatron backend trains on padded "
            "rows: the same numbers, none of the speed asked for", "posttrain/models/policy/megatron_policy_worker.py",
            (("            if self.cfg.sequence_packing:  # one stage", "            if False:  # one stage"),),

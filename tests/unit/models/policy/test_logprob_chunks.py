@@ -95,7 +95,8 @@ def test_under_bf16_mixed_the_chunks_multiply_in_bf16_as_autocast_does(tiny_mode
     assert distance(chunked.get_weights(), want) <= 5e-2 * distance(want, before)
 
 
-CHUNKS, PACKING = ("logprob_chunk_tokens=4", "logprob_chunk_tokens=0"), ("sequence_packing=true", "sequence_packing=false")
+CHUNKS = ("logprob_chunk_tokens=4", "logprob_chunk_tokens=0")
+PACKING = ("sequence_packing=true", "sequence_packing=false")
 
 
 @pytest.mark.parametrize(("on", "off", "keys", "other"), [
