@@ -188,8 +188,14 @@ def build_optimizer(model: Any, cfg: PolicyConfig, precision: Precision) -> Any:
 
     Without Transformer Engine or Apex, megatron-core builds torch's ``AdamW`` with its default
     (``foreach``) kernels; on a GPU it is switched to torch's fused kernel (the same update in
-    one launch for all tensors) before its first step, when its state does not exist yet."""
+    one launch for all tensors) before its first step, when its state does not exist yet. Its
+    gradient norm, clipping and master-weight copies run torch's foreach kernels instead of
+    megatron's Python-loop fallbacks (:mod:`~posttrain.models.megatron.multi_tensor`)."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    from posttrain.models.megatron import multi_tensor
+
+    multi_tensor.install()
 
     bf16 = precision == "bf16-mixed"
     config = OptimizerConfig(
