@@ -13,6 +13,7 @@ learning tests of ``tests/integration`` run over this backend too (``policy_back
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -232,6 +233,13 @@ def test_tensor_parallel_2_matches_the_hf_worker(ray_cluster, noisy_tiny) -> Non
 
 
 @pytest.mark.gpu(2)
+def test_tensor_parallel_2_with_sequence_packing_matches_the_hf_worker(ray_cluster, noisy_tiny) -> None:
+    """The same with ``policy.sequence_packing``: each rank attends its half of the heads within
+    each packed sequence (megatron's packed format split over tensor-parallel ranks)."""
+    matches_the_hf_worker(noisy_tiny, tensor_parallel=2, sequence_packing=True)
+
+
+@pytest.mark.gpu(2)
 def test_pipeline_parallel_2_matches_the_hf_worker(ray_cluster, noisy_tiny) -> None:
     """Two pipeline stages (megatron-core's 1F1B schedule over two Ray workers, one GPU each):
     the logprobs and reference logprobs (computed on the last stage, answered by rank 0, the
@@ -244,10 +252,11 @@ def test_pipeline_parallel_2_matches_the_hf_worker(ray_cluster, noisy_tiny) -> N
         (0, [0, 1], 2, True, False), (1, [2, 3], 2, False, True)]
 
 
-def matches_the_hf_worker(model_path: str, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> list[dict]:
+def matches_the_hf_worker(model_path: str, tensor_parallel: int = 1, pipeline_parallel: int = 1,
+                          **megatron_policy: Any) -> list[dict]:
     """Logprobs, reference logprobs, two train calls' metrics and the weights of a Megatron
-    policy of this layout (Ray workers, a GPU each) against the HF worker's; returns each
-    rank's ``model_layout``."""
+    policy of this layout (Ray workers, a GPU each; ``megatron_policy``: more of its
+    ``PolicyConfig`` keys) against the HF worker's; returns each rank's ``model_layout``."""
     from posttrain.distributed.ray_cluster import RayVirtualCluster
     from posttrain.models.policy.lm_policy import Policy
 
@@ -255,7 +264,8 @@ def matches_the_hf_worker(model_path: str, tensor_parallel: int = 1, pipeline_pa
     hf = make_worker("hf", model_path, **kw)
     ranks = tensor_parallel * pipeline_parallel
     cluster = RayVirtualCluster(ranks, num_cpus=1, num_gpus=1)
-    cfg = worker_cfg("megatron", tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, **kw)
+    cfg = worker_cfg("megatron", tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, **kw,
+                     **megatron_policy)
     policy = Policy(cluster, model_path, cfg, seed=0, bundle_indices=list(range(ranks)))
     try:
         policy.wait_ready()
