@@ -30,11 +30,10 @@ offset span for the whole row, applied by hand) fails all four tests.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 from harness import worker_parity
+from harness.flash_kernel import count_flash_calls
 from harness.policy_backends import make_worker
 
 from posttrain.algorithms.loss_functions import ClippedPGLoss
@@ -115,19 +114,7 @@ def test_a_packing_megatron_worker_scores_and_trains_as_the_hf_worker(noisy_tiny
 def test_bf16_mixed_packing_runs_the_flash_kernel_and_scores_as_padded_rows(noisy_tiny, monkeypatch) -> None:
     """bf16-mixed (megatron's bf16 parameters): the packed attention is torch's flash varlen kernel,
     once per layer and forward, and the logprobs are the padded worker's to bf16 rounding."""
-    from posttrain.models import packed_attention
-
-    kernel = packed_attention._flash_varlen()
-    if kernel is None:
-        pytest.skip("torch's flash varlen kernel (torch >= 2.9) is not in this torch")
-    flash: list[int] = []
-
-    @functools.wraps(kernel)  # the same signature: the attention reads its keywords from it
-    def counted(*args, **kwargs):
-        flash.append(1)
-        return kernel(*args, **kwargs)
-
-    monkeypatch.setattr(packed_attention, "_flash_varlen", lambda: counted)
+    flash = count_flash_calls(monkeypatch)
     padded, packing = (make_worker("megatron", noisy_tiny, precision="bf16-mixed", sequence_packing=on, **POLICY)
                        for on in (False, True))
     layers = padded.model_layout()["num_local_layers"]

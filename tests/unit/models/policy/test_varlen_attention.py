@@ -23,12 +23,12 @@ check (H200, by hand and through the mutation runner).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from harness.flash_kernel import count_flash_calls
 
 from posttrain.models.policy.varlen_attention import VARLEN, varlen_attention_forward
 
@@ -94,19 +94,7 @@ def test_a_call_without_sequence_offsets_is_refused_naming_the_implementation():
 @pytest.mark.gpu(1)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 1 GPU, found 0")
 def test_on_a_gpu_the_flash_varlen_kernel_equals_the_per_sequence_path(monkeypatch):
-    from posttrain.models import packed_attention
-
-    kernel = packed_attention._flash_varlen()
-    if kernel is None:
-        pytest.skip("torch's flash varlen kernel (torch >= 2.9) is not in this torch")
-    calls: list[int] = []
-
-    @functools.wraps(kernel)  # the same signature: the function reads its keywords from it
-    def counted(*args, **kw):
-        calls.append(1)
-        return kernel(*args, **kw)
-
-    monkeypatch.setattr(packed_attention, "_flash_varlen", lambda: counted)
+    calls = count_flash_calls(monkeypatch)
     q, k, v = qkv(0, heads=8, kv_heads=2, dim=64, device="cuda")
     scale = 1 / math.sqrt(64)
     # the CPU's per-sequence path, the reference (same values, fp32)
