@@ -677,16 +677,8 @@ def _run_git_bisect(config: Config, log_dir: Path) -> int:
                 kept.write(line)
                 if line.startswith((f"{PROG}:", "Bisecting:")):
                     print(line, end="", flush=True)
-        except KeyboardInterrupt:
-            # git and the step got the same Ctrl-C (one process group); should git outlive it, end
-            # it rather than wait for the run it started
-            try:
-                proc.wait(timeout=KILL_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            raise
-        code = proc.wait()
+        finally:
+            code = proc.wait()
     return code
 
 

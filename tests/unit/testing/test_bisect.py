@@ -260,13 +260,15 @@ def test_an_interrupt_removes_the_scratch_worktree_and_leaves_the_checkout_as_it
     started = tmp_path / "started"
     shas = make_repo(repo, regression_at(5, f"touch {started}\nsleep 60\n", "exit 1\n"))
     before = repo_state(repo)
+    # As a terminal's foreground job: SIGINT at its default action. A process started in the
+    # background of a non-interactive shell (`cmd &`) inherits SIGINT ignored, and so would the
+    # tool, git and the step under it: the Ctrl-C then stops nothing and the run sleeps its 60 s out.
     proc = subprocess.Popen(["bash", str(TOOL), shas[0], shas[-1], "--", "bash", "check.sh"], cwd=repo, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "TMPDIR": str(tmp_path)})
+                            env={**os.environ, "TMPDIR": str(tmp_path)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
-    # the first run's command is running (not only its log opened: a Ctrl-C between the two once
-    # reached no process that would stop, and the run slept its 60 s out, on a loaded CI machine)
-    while not started.exists():
+    while not started.exists():  # the first run's command is running, not only its log opened
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group
