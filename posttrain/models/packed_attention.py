@@ -51,6 +51,13 @@ def _length_groups(seq_bounds: tuple[int, ...]) -> tuple[list[tuple[int, int, to
     return groups, torch.argsort(torch.cat([index for *_, index in groups]))
 
 
+@functools.lru_cache(maxsize=16)
+def longest_sequence(seq_bounds: tuple[int, ...]) -> int:
+    """The longest sequence's length, from the offsets ``[0, l_0, l_0 + l_1, ..., T]``: once per
+    packed call (every layer asks)."""
+    return max(end - start for start, end in itertools.pairwise(seq_bounds))
+
+
 @functools.cache
 def _flash_options(kernel: Any) -> tuple[bool, bool]:
     """What ``kernel``'s signature takes: (a ``window_size``, else ``is_causal``: torch 2.9-2.10;
@@ -101,7 +108,7 @@ def packed_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch
             options["enable_gqa"] = True
         elif groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        longest = max(end - start for start, end in itertools.pairwise(seq_bounds))
+        longest = longest_sequence(seq_bounds)
         return kernel(q, k, v, cu_seq_lens, cu_seq_lens, longest, longest, **options)  # [T, H_q, D]
     if query.is_cuda:
         # fp32 on a GPU (no flash kernel): one sdpa call with the block-diagonal causal mask, built on

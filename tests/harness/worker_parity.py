@@ -25,6 +25,21 @@ def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return sum(((a[k].double() - b[k].double()) ** 2).sum().item() for k in a) ** 0.5
 
 
+def grpo_extra(worker, batch: TokenBatch, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A GRPO train call's inputs for ``batch``: random advantages, and old and reference logprobs
+    near ``worker``'s own (so the ratio is clipped somewhere and the KL term is not zero)."""
+    g = torch.Generator().manual_seed(seed)
+    old = worker.get_logprobs(batch)
+    return {"advantages": torch.randn(len(batch), generator=g), "old_logprobs": old - 0.05,
+            "ref_logprobs": old + 0.1}
+
+
+def max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest absolute difference between two state dicts of the same names."""
+    assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())[:5]
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
 def rel(got: torch.Tensor, want: torch.Tensor, mask: torch.Tensor) -> float:
     """Normwise relative error of ``got`` against ``want`` at ``mask``."""
     return ((got - want)[mask].norm() / want[mask].norm()).item()

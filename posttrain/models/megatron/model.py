@@ -234,7 +234,9 @@ def packed_logits(model: torch.nn.Module, packed: PackedRows, vocab_size: int) -
     """
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    longest = max(end - start for start, end in zip(packed.seq_bounds, packed.seq_bounds[1:], strict=False))
+    from posttrain.models.packed_attention import longest_sequence
+
+    longest = longest_sequence(packed.seq_bounds)
     params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=packed.cu_seq_lens, cu_seqlens_kv=packed.cu_seq_lens,
                              max_seqlen_q=longest, max_seqlen_kv=longest)
     params.seq_bounds = packed.seq_bounds

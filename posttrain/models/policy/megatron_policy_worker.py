@@ -132,10 +132,10 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase, InPlaceEngineMixin):
     # -- the backend hooks of PolicyWorkerBase ------------------------------------------------
 
     def _forward_logits(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
-        from posttrain.models.megatron.model import packed_logits, right_padded_logits
+        # only the in-place engine's teacher-forced scoring calls this (the worker's own passes go
+        # through _schedule, which packs): padded rows, the same numbers
+        from posttrain.models.megatron.model import right_padded_logits
 
-        if self.cfg.sequence_packing:  # the real tokens only, one packed row (the logits unpacked)
-            return packed_logits(model, pack_rows(batch), self.shape.vocab_size)
         return right_padded_logits(model, batch.input_ids, self.shape.vocab_size)
 
     def _schedule(self, model: torch.nn.Module, micro: list[MicroBatch], forward_only: bool,

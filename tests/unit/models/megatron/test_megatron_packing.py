@@ -31,10 +31,10 @@ offset span for the whole row, applied by hand) fails all four tests.
 from __future__ import annotations
 
 import pytest
-import torch
 from harness import worker_parity
 from harness.flash_kernel import count_flash_calls
 from harness.policy_backends import make_worker
+from harness.worker_parity import grpo_extra, max_gap
 
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 
@@ -46,13 +46,6 @@ BF16_LOGPROB_BOUND = 2e-2  # the table above
 
 def mixed_batch(vocab: int, seed: int):
     return worker_parity.mixed_batch(vocab, seed=seed, prompt_lens=(1, 10), completion_lens=(1, 9))
-
-
-def grpo_extra(worker, batch, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    old = worker.get_logprobs(batch)
-    return {"advantages": torch.randn(len(batch), generator=g), "old_logprobs": old - 0.05,
-            "ref_logprobs": old + 0.1}
 
 
 @pytest.fixture
@@ -93,9 +86,7 @@ def test_a_packing_megatron_worker_scores_and_trains_as_the_hf_worker(noisy_tiny
     logged_hf, logged_mc = hf.train(batch, extra, ClippedPGLoss(clip_eps=0.2, kl_coef=0.3)), mc.train(
         batch, extra, ClippedPGLoss(clip_eps=0.2, kl_coef=0.3))
     gaps["metrics"] = max(abs(logged_mc[k] - v) / max(abs(v), 1e-2) for k, v in logged_hf.items())
-    want, got = hf.get_weights(), mc.get_weights()
-    assert want.keys() == got.keys()
-    gaps["weights / lr"] = max((got[k].float() - want[k].float()).abs().max().item() for k in want) / LR
+    gaps["weights / lr"] = max_gap(hf.get_weights(), mc.get_weights()) / LR
     print(f"megatron packing, seed {seed}: {gaps}")
     # the key reached the code: every forward pass (2 scoring, 2 micro-batches) packed, and every
     # layer of each attended within the batch's sequences

@@ -19,6 +19,7 @@ import pytest
 import torch
 from harness.model_files import perturbed_copy
 from harness.policy_backends import make_worker, worker_cfg
+from harness.worker_parity import grpo_extra, max_gap
 
 from posttrain.algorithms.loss_functions import ClippedPGLoss, NLLLoss
 from posttrain.data.batch import make_batch
@@ -57,18 +58,6 @@ def model_25m(tiny_model_path, tmp_path_factory) -> str:
     Qwen2ForCausalLM(config).save_pretrained(out)
     AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(out)
     return perturbed_copy(str(out), out)
-
-
-def grpo_extra(worker, batch, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    old = worker.get_logprobs(batch)
-    return {"advantages": torch.randn(len(batch), generator=g), "old_logprobs": old - 0.05,
-            "ref_logprobs": old + 0.1}
-
-
-def max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())[:5]
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
 @GPU

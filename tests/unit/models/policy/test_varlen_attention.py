@@ -18,7 +18,9 @@ Both CPU sides are fp32 sdpa in another summation order, so the spread is fp32 r
 and the bounds sit one to two orders above it. bf16 rounds at 2^-8 = 3.9e-3 per element at most,
 so 2e-2 is 5 of those. Seen failing: the mutant ``varlen_attention_not_causal`` fails the CPU check
 (by O(1)); ``flash_varlen_not_causal`` (the kernel's window opened to later tokens) fails the GPU
-check (H200, by hand and through the mutation runner).
+flash check (H200, by hand and through the mutation runner). The GPU fp32 mask check has not been
+seen failing on its own: the leak fails it one level up (the GPU worker tests of
+``test_sequence_packing.py``), and no mutant of the mask line was run on a GPU.
 """
 
 from __future__ import annotations
