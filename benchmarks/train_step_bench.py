@@ -14,7 +14,10 @@ float32 with TF32 matmuls on both sides. The two alternate step by step (after 2
 steps each), so clock and thermal drift hit both. ``--compile`` compiles both models' forward
 (``policy.compile=true`` on the worker, ``nn.Module.compile`` on the plain model); the
 compilation happens in the warm-up steps. Both sides use torch's fused AdamW, as the
-worker does.
+worker does. The plain side passes the attention mask, as a transformers user does; on a GPU the
+worker attends its right-padded rows causally without it (``models.policy.causal_attention``),
+which under ``--compile`` is the difference in the attention kernels (transformers builds the
+dense mask for every batch of a compiled model).
 
 Prints tokens/s, MFU and the posttrain/plain ratio per precision. MFU counts 6 x parameters
 FLOPs per token (forward and backward; attention left out) against 989 TFLOP/s, the H100

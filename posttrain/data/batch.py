@@ -56,6 +56,26 @@ class TokenBatch:
         return TokenBatch(self.input_ids, self.attention_mask, self.prompt_lens, self.completion_lens,
                           torch.zeros_like(self.completion_mask))
 
+    def check_right_padded(self) -> None:
+        """Check that each row's attention mask covers its prompt and completion tokens and then
+        only padding (what :func:`make_batch` builds): the policy workers attend causally without
+        a padding mask (``models.policy.causal_attention``, the Megatron backend), which is exact
+        only on such rows.
+
+        Raises:
+            ValueError: naming the first row whose mask is anything else (left padding, a gap, a
+                mask longer or shorter than ``prompt_lens + completion_lens``).
+        """
+        lengths = self.prompt_lens + self.completion_lens  # [B]
+        positions = torch.arange(self.attention_mask.shape[1], device=self.attention_mask.device)
+        wrong = (positions < lengths[:, None]) != self.attention_mask.bool()  # [B, S]
+        if wrong.any():
+            row, position = (int(i) for i in wrong.nonzero()[0])
+            raise ValueError(f"row {row} of the batch is not right-padded: its attention mask is "
+                             f"{int(self.attention_mask[row, position])} at position {position}, but the row has "
+                             f"{int(self.prompt_lens[row])} prompt and {int(self.completion_lens[row])} completion "
+                             "tokens (expected: those first, then only padding)")
+
     def to(self, device: torch.device | str) -> TokenBatch:
         """Every field on ``device`` (no copy when already there)."""
         return TokenBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))

@@ -1151,6 +1151,25 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/unit/models/megatron/test_megatron_packing.py::"
             "test_bf16_mixed_packing_runs_the_flash_kernel_and_scores_as_padded_rows"),
            klass="training", tier="mcore", gpus=1),
+    Mutant("causal_attention_not_causal", "right-padded rows attended without a mask and not causally: every "
+           "token sees the later tokens of its row (a GPU worker's default attention)",
+           "posttrain/models/policy/causal_attention.py",
+           (("value, None, dropout=dropout, scaling=scaling, is_causal=True)",
+             "value, None, dropout=dropout, scaling=scaling, is_causal=False)"),),
+           ("tests/unit/models/policy/test_causal_attention.py",), klass="training"),
+    Mutant("right_padding_unchecked", "a left-padded batch reaches workers that attend causally without its mask: "
+           "its real tokens attend to padding and lose their first positions, silently",
+           "posttrain/data/batch.py", (("        if wrong.any():\n            row, position",
+                                        "        if False:\n            row, position"),),
+           ("tests/unit/models/policy/test_causal_attention.py",), klass="training"),
+    Mutant("causal_attention_off_on_gpu", "a GPU worker keeps transformers' masked sdpa: right, and the attention "
+           "kernels compute the whole square (2.2x the causal backward at 0.39B; always so under compile)",
+           "posttrain/models/policy/hf_policy_worker.py",
+           (('        elif self.device.type == "cuda" and self.model.config._attn_implementation == "sdpa":',
+             '        elif False:'),),
+           ("tests/unit/models/policy/test_causal_attention.py::"
+            "test_on_a_gpu_a_worker_attends_causally_and_as_the_masked_worker",), klass="performance", tier="mcore",
+           gpus=1),
     Mutant("megatron_packing_key_ignored", "policy.sequence_packing=true on the Megatron backend trains on padded "
            "rows: the same numbers, none of the speed asked for", "posttrain/models/policy/megatron_policy_worker.py",
            (("            if self.cfg.sequence_packing:  # one stage", "            if False:  # one stage"),),

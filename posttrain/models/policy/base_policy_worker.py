@@ -133,7 +133,12 @@ class PolicyWorkerBase(WeightSender):
         weight-sync probe, whose random tokens no sampler would keep). ``template``: this
         data-parallel rank scores its own rows, and runs idle forwards on the template row until
         it has run as many chunks as the rank with the most (the sharded weights are gathered
-        by every rank together)."""
+        by every rank together).
+
+        Raises:
+            ValueError: a row of ``batch`` that is not right-padded (:meth:`TokenBatch.check_right_padded`).
+        """
+        batch.check_right_padded()  # attended causally without a padding mask (Megatron; hf on a GPU)
         top_k, top_p = (0, 1.0) if whole_vocab else (self.cfg.top_k, self.cfg.top_p)
         size = self.cfg.logprob_batch_size
         num_chunks = math.ceil(len(batch) / size)
@@ -239,7 +244,11 @@ class PolicyWorkerBase(WeightSender):
             distribution: the generation temperature, top-k and top-p), ``lr``,
             ``num_optimizer_steps``. A step whose gradient is not finite is skipped (the
             weights stay as they were) and counted in ``skipped_optimizer_steps``.
+
+        Raises:
+            ValueError: a row of ``batch`` that is not right-padded (:meth:`TokenBatch.check_right_padded`).
         """
+        batch.check_right_padded()  # attended causally without a padding mask (Megatron; hf on a GPU)
         gbs, mbs = self.cfg.train_global_batch_size, self.cfg.train_micro_batch_size
         sharded = step_rows is not None
         if step_rows is None:

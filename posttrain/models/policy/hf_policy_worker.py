@@ -22,7 +22,7 @@ from posttrain.data.batch import TokenBatch
 from posttrain.data.packing import pack_rows, unpack
 from posttrain.errors import ConfigError
 from posttrain.models.fused_norms import use_fused_rms_norm
-from posttrain.models.policy import lora, varlen_attention
+from posttrain.models.policy import causal_attention, lora, varlen_attention
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 from posttrain.models.policy.reference_timing import reference_forward_backward_seconds
 from posttrain.models.precision import use_tf32_for_fp32
@@ -62,7 +62,9 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
     gradients and AdamW's state in bfloat16; ``bf16-mixed`` holds float32 master weights and
     optimizer state and runs the forward pass under bfloat16 autocast. Logprobs, entropy and
     losses are computed in float32 from the logits in every mode. ``cfg.compile`` compiles the
-    trained model's forward in place (``torch.compile``; the reference is not compiled).
+    trained model's forward in place (``torch.compile``; the reference is not compiled). On a GPU
+    the padded rows are attended causally without their padding mask (``causal_attention``: on
+    right-padded rows it changes no real token's output, and sdpa's kernels skip the masked half).
 
     Args:
         model_path: Hugging Face model directory.
@@ -109,6 +111,11 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
                                      else "policy.sequence_packing")
         if cfg.sequence_packing:  # attention within each packed sequence (the reference copy below too)
             self.model.set_attn_implementation(varlen_attention.register())
+        elif self.device.type == "cuda" and self.model.config._attn_implementation == "sdpa":
+            # right-padded rows need no padding mask under causal attention, and without one sdpa's
+            # kernels skip the masked half of the square (causal_attention). On a GPU only: a CPU
+            # worker keeps transformers' masked sdpa, whose numbers the CPU tests are calibrated on.
+            self.model.set_attn_implementation(causal_attention.register())
         self.use_lora = cfg.lora.rank > 0
         if self.use_lora:
             self.model = lora.apply_lora(self.model, cfg.lora)
@@ -212,8 +219,9 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
 
     def _run(self, module: Any, batch: TokenBatch) -> Any:
         """``module`` (the model or its decoder) on ``batch``: padded rows with their attention
-        mask, or, with ``policy.sequence_packing``, the rows' real tokens packed into one row
-        with per-sequence position ids (``data.packing``); returns ``(output, packed or None)``."""
+        mask (which transformers leaves out on a GPU: ``causal_attention``), or, with
+        ``policy.sequence_packing``, the rows' real tokens packed into one row with per-sequence
+        position ids (``data.packing``); returns ``(output, packed or None)``."""
         with self._autocast():
             if not self.cfg.sequence_packing:
                 return module(input_ids=batch.input_ids, attention_mask=batch.attention_mask), None
@@ -247,9 +255,9 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
 
     def _reference_seconds(self, micro: list[TokenBatch]) -> float:
         # the reference is plain torch on the padded rows: sdpa with the padding mask, also when this
-        # worker packs (its varlen attention refuses a call that is not packed)
+        # worker packs (its varlen attention refuses a call that is not packed) or attends causally
         attention = self.model.config._attn_implementation
-        if self.cfg.sequence_packing:
+        if attention in (varlen_attention.VARLEN, causal_attention.CAUSAL):
             self.model.set_attn_implementation("sdpa")
         try:
             return reference_forward_backward_seconds(self.model, micro, self._autocast,
