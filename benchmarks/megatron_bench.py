@@ -1,7 +1,7 @@
 """Policy train step, Megatron vs Hugging Face backend, side by side on one GPU: step time,
 tokens/s, MFU and peak GPU memory of the policy worker's ``train`` at the same shape.
 
-    python benchmarks/megatron_bench.py [--shape 0.4b|1.4b|25m] [--rows 8] [--seq 1024] [--steps 5]
+    python benchmarks/megatron_bench.py [--shape 0.4b|1.4b|25m] [--rows 8] [--seq 1024] [--steps 5] [--rounds 3]
         [--variants hf:bf16-mixed,megatron-local:bf16-mixed,megatron-torch:bf16-mixed] [--batch uniform|skewed]
 
 The model is a randomly initialised Qwen2 (``0.4b``: hidden 896, 24 layers, 14 query / 2
@@ -15,8 +15,10 @@ attention) and torch (torch's fused attention; the default); a ``+packed`` suffi
 ``policy.sequence_packing``. ``--batch skewed`` replaces the uniform rows by ``rows`` rows of
 GSM8K-like lengths (``packing_bench.skewed_batch``: mostly padding), and tokens/s counts the real
 tokens only. The first variant is the
-reference: every row prints its speed as a ratio to it, measured in the same invocation.
-Times are medians over ``--steps`` calls after two warm-up calls; MFU = 6 * parameters *
+reference: every row prints its speed as a ratio to it, measured in the same invocation:
+the median over ``--rounds`` rounds (each variant timed once per round, a fresh worker each time)
+of the round's ratio, with the range over the rounds. A variant's time is the median over
+``--steps`` calls after two warm-up calls, then over the rounds; MFU = 6 * parameters *
 tokens/s / 989e12 (H100 dense bf16 peak; for fp32 rows it is the same yardstick, not the fp32
 peak).
 """
@@ -104,6 +106,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="every variant is timed once per round, round after round; the ratios are medians over "
+                             "the rounds, with their range")
     parser.add_argument("--variants", default="hf:bf16-mixed,megatron-local:bf16-mixed,megatron-torch:bf16-mixed",
                         help="comma-separated backend[-layer_spec]:precision[+packed]; the first is the ratios' "
                         "reference")
@@ -118,6 +123,8 @@ def main() -> None:
                 "fp32", "bf16-mixed") or packed not in ("", "packed"):
             sys.exit(f"megatron_bench.py: bad variant {v!r} (backend[-layer_spec]:precision[+packed], e.g. "
                      "megatron-torch:fp32+packed)")
+    if args.rounds < 1 or args.steps < 1:
+        sys.exit(f"megatron_bench.py: --rounds and --steps must be >= 1, got {args.rounds} and {args.steps}")
     if not torch.cuda.is_available():
         sys.exit("megatron_bench.py: needs 1 GPU, found 0")
     with tempfile.TemporaryDirectory() as tmp:
@@ -131,15 +138,25 @@ def main() -> None:
         tokens = int(batch.attention_mask.sum())
         print(f"{args.shape}: {params / 1e6:.0f}M parameters, {args.rows} rows, {tokens} real tokens of "
               f"{batch.attention_mask.numel()} padded per step, {torch.cuda.get_device_name()}")
+        # Round after round, every variant once per round: a drift of the GPU's or the host's speed
+        # over the invocation (5-17% seen on the H100/H200 machines) then lands on every variant, and
+        # the spread of the per-round ratios shows how far one round's ratio can be trusted.
+        runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+        for round_ in range(args.rounds):
+            for variant in variants:
+                runs[variant].append(bench(variant, tmp, batch, args.steps))
+            print(f"round {round_ + 1}: " + ", ".join(f"{v} {runs[v][-1]['step_s']:.3f} s" for v in variants),
+                  flush=True)
         header = f"{'variant':<28}{'step s':>8}{'tokens/s':>11}{'MFU %':>7}{'peak GiB':>10}"
-        print(header + f"{'speed vs ' + variants[0]:>30}")
-        reference = None
+        print(header + f"{'speed vs ' + variants[0] + ' [min-max]':>42}")
+        reference = [r["step_s"] for r in runs[variants[0]]]
         for variant in variants:
-            r = bench(variant, tmp, batch, args.steps)
-            tps = tokens / r["step_s"]
-            reference = reference or tps
-            print(f"{variant:<28}{r['step_s']:>8.3f}{tps:>11,.0f}{100 * 6 * params * tps / H100_PEAK_FLOPS:>7.1f}"
-                  f"{r['peak_gib']:>10.2f}{tps / reference:>29.2f}x", flush=True)
+            steps = [r["step_s"] for r in runs[variant]]
+            ratios = sorted(ref / s for ref, s in zip(reference, steps, strict=True))  # per round
+            tps = tokens / statistics.median(steps)
+            print(f"{variant:<28}{statistics.median(steps):>8.3f}{tps:>11,.0f}"
+                  f"{100 * 6 * params * tps / H100_PEAK_FLOPS:>7.1f}{max(r['peak_gib'] for r in runs[variant]):>10.2f}"
+                  f"{statistics.median(ratios):>28.2f}x [{ratios[0]:.2f}-{ratios[-1]:.2f}]", flush=True)
 
 
 if __name__ == "__main__":
