@@ -46,13 +46,12 @@ def pack_rows(batch: TokenBatch) -> PackedRows:
     """The real tokens of ``batch`` (``attention_mask`` 1; right padding dropped) in one row.
 
     Raises:
-        ValueError: a row is not right-padded (a real token after padding), which packing would
-            silently misplace.
+        ValueError: a row is not right-padded (:meth:`TokenBatch.check_right_padded`), which
+            packing would silently misplace.
     """
+    batch.check_right_padded()
     mask = batch.attention_mask.bool()
     lengths = mask.sum(1)
-    if not torch.equal(mask, torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]):
-        raise ValueError("pack_rows needs right-padded rows (every real token before the padding)")
     rows, cols = mask.nonzero(as_tuple=True)  # row-major: row 0's tokens first, in order
     sizes = [n for n in lengths.tolist() if n > 0]  # one read-back per forward, none per layer
     bounds = tuple(itertools.accumulate(sizes, initial=0))

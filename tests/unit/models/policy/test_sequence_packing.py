@@ -126,7 +126,8 @@ def test_pack_and_unpack_round_trip_with_per_sequence_positions() -> None:
     assert torch.equal(back[batch.attention_mask.bool()], values[0])
     left_padded = make_batch([[5, 6]], [[7]], pad_id=0)
     left_padded.attention_mask = torch.tensor([[0, 1, 1]])
-    with pytest.raises(ValueError, match=r"^pack_rows needs right-padded rows"):
+    with pytest.raises(ValueError, match=r"^row 0 of the batch is not right-padded: its attention mask is 0 at "
+                                         r"position 0"):
         pack_rows(left_padded)
 
 
