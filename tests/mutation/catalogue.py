@@ -47,6 +47,7 @@ EDGES = "tests/unit/testing/rules/test_rule_edges.py"
 DOMAINS = "tests/unit/testing/rules/test_rule_domains.py"
 RESULTS = "tests/unit/testing/harness/test_harness_results.py"
 TRACKER = "tests/unit/testing/harness/test_harness_tracker.py"
+SKIPS = "tests/unit/testing/harness/test_harness_skips.py"
 SAMPLING_TESTS = "tests/unit/models/generation/test_sampling_distribution.py"
 PRECISION_TESTS = "tests/unit/models/policy/test_precision.py"
 MCORE_GEN_TESTS = "tests/unit/models/megatron/test_megatron_generation.py"
@@ -795,6 +796,25 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/testing/harness/results.py",
            (('git("status", "--porcelain")', 'git("diff", "--name-only")'),),
            (RESULTS,), klass="harness"),
+    Mutant("nothing_ran_counts_runtime_skips", "a test that skips in its body (no backend, no kernel) counts as "
+           "run: a selection whose tests all skipped at run time exits 0, green having tested nothing",
+           "posttrain/testing/harness/selection.py",
+           (('return not report.skipped or hasattr(report, "wasxfail")', "return True"),),
+           (f"{SKIPS}::test_a_selection_whose_tests_all_skipped_exits_5_whenever_they_skipped",), klass="harness"),
+    Mutant("strict_skips_ignore_ci", "CI=true does not make skips strict: a CI runner without the package a module "
+           "needs skips it and goes green", "posttrain/testing/harness/skips.py",
+           (('environ.get(CI_ENV, "")', 'environ.get("POSTTRAIN_CI", "")'),),
+           (f"{SKIPS}::test_ci_makes_skips_strict_and_a_declared_skip_on_the_wrong_machine_fails",), klass="harness"),
+    Mutant("skip_condition_never_judged", "a declared skip is accepted on any machine: a GPU test that skipped on "
+           "the GPU machine (a broken CUDA install) is reported as expected",
+           "posttrain/testing/harness/skips.py",
+           (("return all(ok for ok, _ in verdicts)", "return True"),),
+           (f"{SKIPS}::test_a_skip_declared_for_this_machine_is_expected_and_one_for_another_machine_is_not",),
+           klass="harness"),
+    Mutant("skip_reason_matched_in_part", "a skip reason matches a row by its beginning: 'needs 2 GPUs, found 0 "
+           "and the kernel is missing' passes as a GPU skip", "posttrain/testing/harness/skips.py",
+           (("match = rule.pattern.fullmatch(skip.reason)", "match = rule.pattern.match(skip.reason)"),),
+           (f"{SKIPS}::test_the_whole_reason_must_match_not_a_part_of_it",), klass="harness"),
     Mutant("peak_is_current_rss", "get_max_mem reads the memory in use now (VmRSS): a freed 1 GiB spike vanishes",
            "posttrain/testing/harness/memory.py",
            (('line.startswith("VmHWM:")', 'line.startswith("VmRSS:")'),),

@@ -10,7 +10,7 @@ instead of one pytest run.
 Command line (what run_unit.sh calls)::
 
     python -m posttrain.testing.harness.configurations [--table T] plan -- ARGS...  # the command, NUL-separated
-    python -m posttrain.testing.harness.configurations [--table T] --markdown       # the table of docs/testing.md
+    python -m posttrain.testing.harness.configurations [--table T] --markdown       # the tables of docs/testing.md
 
 ``T`` defaults to ``tests/configurations.toml`` under the current directory (``TABLE_PATH``).
 
@@ -20,7 +20,6 @@ Command line (what run_unit.sh calls)::
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import re
 import shlex
 import subprocess
@@ -30,8 +29,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from posttrain.testing.harness import skips
 from posttrain.testing.harness.machine import count_gpus
 from posttrain.testing.harness.repeat import REPEAT_FLAG, parse_repeat
+from posttrain.testing.harness.skips import SkipRule, SkipTableError, is_importable, load_skip_rules
 
 # Relative: the repository root of the project under test (run_unit.sh runs from there; the
 # pytest plugin resolves it against pytest's rootdir, see its ``posttrain_configurations`` ini).
@@ -71,6 +72,7 @@ class Modifier:
 class Table:
     configurations: tuple[Configuration, ...]
     modifiers: tuple[Modifier, ...]
+    skips: tuple[SkipRule, ...] = ()  # [[skip]]: the declared skip reasons (posttrain.testing.harness.skips)
 
     @property
     def default(self) -> Configuration:
@@ -113,13 +115,15 @@ def load_table(path: Path = TABLE_PATH) -> Table:
     """Read the configuration table.
 
     Raises:
-        PlanError: the file is missing, not TOML, has no default row, or a row lacks a field.
+        PlanError: the file is missing, not TOML, has no default row, a row lacks a field, or a
+            ``[[skip]]`` row is unusable (a bad pattern, an unknown condition).
     """
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
         table = Table(tuple(Configuration(**row) for row in raw["configuration"]),
-                      tuple(Modifier(**row) for row in raw.get("modifier", [])))
-    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as e:
+                      tuple(Modifier(**row) for row in raw.get("modifier", [])),
+                      load_skip_rules(raw.get("skip", [])))
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, SkipTableError) as e:
         raise PlanError(f"bad configuration table {path}: {e}") from e
     if sum(not c.flag for c in table.configurations) != 1:
         raise PlanError(f"bad configuration table {path}: exactly one row must have flag = \"\" (the default)")
@@ -131,14 +135,6 @@ def marker_expression(configuration: Configuration, modifiers_on: Sequence[Modif
     on = {m.flag for m in modifiers_on}
     left_out = [f"not {m.marker}" for m in table.modifiers if m.flag not in on]
     return " and ".join([f"({configuration.select})", *left_out])
-
-
-def is_importable(package: str) -> bool:
-    """Whether ``import package`` would find it (a dotted name finds its parent first)."""
-    try:
-        return importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def pytest_long_options() -> set[str]:
@@ -312,8 +308,9 @@ def main(argv: Sequence[str]) -> int:
     if args[:1] == ["--table"] and len(args) > 1:
         table_path, args = Path(args[1]), args[2:]
     try:
-        if args[:1] == ["--markdown"]:
-            print(render_markdown(load_table(table_path)))
+        if args[:1] == ["--markdown"]:  # the configurations, then the declared skips
+            table = load_table(table_path)
+            print(render_markdown(table) + "\n\n" + skips.render_markdown(table.skips))
             return 0
         if args[:1] == ["plan"] and any(a in ("-h", "--help") for a in args[2:]):
             print(usage(load_table(table_path)))

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from posttrain.testing.harness import coverage_ray, parallel, repeat, results, shards
-from posttrain.testing.harness.configurations import TABLE_PATH
+from posttrain.testing.harness import coverage_ray, parallel, repeat, results, shards, skips
+from posttrain.testing.harness.configurations import TABLE_PATH, PlanError, load_table
 from posttrain.testing.harness.machine import count_gpus
 from posttrain.testing.harness.ray_leaks import RayLeakCheck
 from posttrain.testing.harness.ray_nodes import LocalRayCluster, start_cluster
@@ -41,6 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("posttrain harness")
     group.addoption("--fail-on-nothing-ran", action="store_true",
                     help="exit 5 when no test ran (none selected, or all skipped); run_unit.sh passes it")
+    group.addoption("--strict-skips", action="store_true",
+                    help="fail the run on a skip whose reason the configuration table's [[skip]] rows do not declare, "
+                         "or declare for other machines (on by default where $CI is true and the table declares skips)")
     group.addoption("--no-unit-results", action="store_true", help="do not write unit_results.json")
     group.addoption("--shard", metavar="I/N", default=None,
                     help="run only the I-th of N deterministic parts of the selected tests, balanced by recorded "
@@ -71,6 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
     role = parallel.role(config)  # -n (pytest-xdist): tests run in workers, the controller reports
     config.pluginmanager.register(Selection(num_gpus, config.getoption("fail_on_nothing_ran"), table, role),
                                   "posttrain-selection")
+    config.pluginmanager.register(_skip_accounting(config, table, num_gpus, role), "posttrain-skips")
     config.pluginmanager.register(RayLeakCheck(), "posttrain-ray-leaks")
     config.pluginmanager.register(UnitResults(config), "posttrain-unit-results")
     if role == "worker":
@@ -86,6 +90,21 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(shards.Sharding.from_options(config), "posttrain-shards")
     if testmon_asked(config):  # re-selects what testmon cannot see run: code inside Ray actors
         config.pluginmanager.register(RemoteTestmon(config), "posttrain-remote-testmon")
+
+
+def _skip_accounting(config: pytest.Config, table: Path, num_gpus: int,
+                     role: parallel.Role) -> skips.SkipAccounting:
+    """The skip accounting of this session: the table's ``[[skip]]`` rows (none without a table);
+    under xdist the controller accounts for every worker's skips.
+
+    Raises:
+        pytest.UsageError: the table exists but cannot be read (names the problem).
+    """
+    try:
+        rules = load_table(table).skips if table.exists() else ()
+    except PlanError as e:
+        raise pytest.UsageError(str(e)) from None
+    return skips.SkipAccounting(rules, skips.machine_from(config, num_gpus, rules), active=role != "worker")
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # xdist's own hook is a plain one: the plugin order would decide

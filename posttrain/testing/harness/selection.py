@@ -48,6 +48,18 @@ def deselection_summary(items: Iterable[pytest.Item], table: Table) -> list[str]
     return lines
 
 
+def ran_its_body(report: pytest.TestReport) -> bool:
+    """Whether ``report`` is a test's body run to a verdict: passed or failed, xfailed or xpassed.
+
+    A test skipped at collection or set-up has no call report; one that calls ``pytest.skip``
+    in its body has a call report whose outcome is skipped: neither tested anything. An xfail
+    ran its body (to the failure it expected), so it counts.
+    """
+    if report.when != "call":
+        return False
+    return not report.skipped or hasattr(report, "wasxfail")
+
+
 class Selection:
     """pytest hooks for selection; ``num_gpus`` comes from ``machine.count_gpus``, ``table_path``
     is the configuration table whose flags the deselection report names. Under xdist (``role``)
@@ -76,7 +88,7 @@ class Selection:
         self.deselected.extend(items)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "call":
+        if ran_its_body(report):
             self.ran += 1
 
     @pytest.hookimpl(optionalhook=True)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from posttrain.testing.harness import skips
 from posttrain.testing.harness.configurations import (
     FIXED_PYTEST_ARGS,
     PlanError,
@@ -68,6 +69,7 @@ def test_docs_show_the_table_as_it_is():
     `python -m posttrain.testing.harness.configurations --markdown` after editing tests/configurations.toml."""
     docs = (REPO / "docs" / "testing.md").read_text(encoding="utf-8")
     assert render_markdown(TABLE) in docs
+    assert skips.render_markdown(TABLE.skips) in docs  # the declared skips, under "Skips"
 
 
 PYTEST_OPTIONS = {"--durations", "--testmon", "--cov", "--lf"}
