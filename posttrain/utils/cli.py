@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from posttrain.config import RunConfig, check_output_paths, leaf_fields, load_config
 from posttrain.errors import PosttrainError
-from posttrain.utils.interrupts import StopRequested, graceful_stop
+from posttrain.utils.interrupts import StopRequested, graceful_stop, signals_held
 
 
 def run_main(description: str, default_config: str, schema: type[BaseModel],
@@ -52,12 +52,14 @@ def run_main(description: str, default_config: str, schema: type[BaseModel],
         with graceful_stop():
             train(cfg)
     except StopRequested as exc:
-        _shutdown_ray()
-        print(f"{exc}", file=sys.stderr)
+        with signals_held():
+            _shutdown_ray()
+            print(f"{exc}", file=sys.stderr, flush=True)
         return 128 + exc.signum
     except KeyboardInterrupt:  # a second signal: abort without a checkpoint
-        _shutdown_ray()
-        print("aborted: no checkpoint of the step in flight", file=sys.stderr)
+        with signals_held():
+            _shutdown_ray()
+            print("aborted: no checkpoint of the step in flight", file=sys.stderr, flush=True)
         return 130
     except PosttrainError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -61,9 +61,26 @@ functional_setup() {
 }
 
 run_job() {
-  local start=$SECONDS name
+  local start=$SECONDS name pid status
   name=$([ "$1" = -m ] && echo "$2" || basename "$1")
-  python "$@"
+  # A SIGINT or SIGTERM to this script reaches the job, which stops at a step boundary with a
+  # checkpoint and exits 130 / 143, and so does the script. bash runs a trap only after its
+  # foreground command ends, so the job runs in the background and the script waits for it (a
+  # trapped signal ends the wait); without the traps a SIGTERM to the script (or to `uv run`,
+  # which passes it on) killed the script and left the job training alone. A background job
+  # starts with SIGINT ignored: the subshell resets it, so a terminal's Ctrl-C reaches the job
+  # too (the job takes the trap's copy of it as the same interrupt).
+  (trap - INT; exec python "$@") &
+  pid=$!
+  trap 'kill -INT "$pid" 2>/dev/null || true' INT
+  trap 'kill -TERM "$pid" 2>/dev/null || true' TERM
+  while kill -0 "$pid" 2>/dev/null; do
+    wait "$pid" || true  # returns when the job ends, or early on a trapped signal
+  done
+  status=0
+  wait "$pid" || status=$?  # the job's own status (bash keeps it for a job it has already reaped)
+  trap - INT TERM
+  [ "$status" = 0 ] || exit "$status"
   echo "$name $((SECONDS - start)) s" | tee -a "$WORK/times.txt"
 }
 

@@ -437,6 +437,23 @@ MUTANTS: tuple[Mutant, ...] = (
            (("        saved = save(policy, run_cfg, step)\n    raise", "        pass\n    raise"),),
            ("tests/integration/test_interrupts.py::test_a_signal_mid_step_finishes_the_step_checkpoints_it_and_stops",),
            klass="resume"),
+    Mutant("launchers_copy_aborts", "the launcher's copy of a Ctrl-C (uv run forwards the group's SIGINT 0.2 s "
+           "later) counts as a second press: the run aborts with no checkpoint of the step it was on",
+           "posttrain/utils/interrupts.py", (("SAME_INTERRUPT_S = 1.0", "SAME_INTERRUPT_S = 0.0"),),
+           ("tests/integration/test_interrupts.py::test_a_launchers_copy_of_the_signal_does_not_abort",), klass="resume"),
+    Mutant("shutdown_interruptible", "a late copy of the signal while Ray shuts down raises out of the entry point: "
+           "a traceback and exit 1 instead of the closing line and 130", "posttrain/utils/cli.py",
+           (("    except StopRequested as exc:\n        with signals_held():",
+             "    except StopRequested as exc:\n        with contextlib.nullcontext():"),
+            ("from posttrain.errors import PosttrainError", "import contextlib\n\nfrom posttrain.errors import PosttrainError")),
+           ("tests/unit/utils/test_cli.py::test_a_late_copy_of_the_signal_while_the_run_shuts_down_leaves_the_stop_clean",),
+           klass="resume"),
+    Mutant("run_job_in_the_foreground", "the functional scripts run their job in the foreground: a SIGTERM to the "
+           "script (or to uv run) kills the script and leaves the job training on, unstopped",
+           "tests/functional/common.sh",
+           (('  (trap - INT; exec python "$@") &\n  pid=$!\n', '  python "$@" & pid=$!; wait $pid\n'),),
+           ("tests/integration/test_interrupts.py::test_a_functional_scripts_job_under_uv_run_stops_cleanly_and_the_"
+            "script_exits_with_it",), klass="resume"),
     # --- issue 13: LoRA adapters that train, but not the model the engine or the user gets ------
     Mutant("lora_refit_without_adapters", "refit sends the base weights: the engine never serves what LoRA learned",
            LORA_LAYER, (("value = tensor + deltas[name] if name in deltas else tensor", "value = tensor"),),

@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
 import yaml
 
 from posttrain.algorithms.grpo import GRPOMasterConfig
+from posttrain.utils import cli
 from posttrain.utils.cli import config_keys, run_main
+from posttrain.utils.interrupts import StopRequested
 
 GRPO_YAML = str(Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_arithmetic.yaml")
 
@@ -42,3 +46,23 @@ def test_help_lists_every_config_key_with_its_type_default_and_description(capsy
     assert "  grpo.num_steps: int = " in out and "  cluster.gpus_per_worker: float = 0.0: GPUs per" in out
     assert len(config_keys(GRPOMasterConfig)) == sum(line.startswith("  ") and ": " in line
                                                      for line in out.split("config keys")[1].splitlines())
+
+
+@pytest.mark.parametrize(("stop", "last_line"), [
+    (StopRequested(signal.SIGINT, 3, "ckpt/step_3"), "stopped by SIGINT after step 3: checkpoint ckpt/step_3"),
+    (KeyboardInterrupt(), "aborted: no checkpoint of the step in flight"),
+], ids=["stop", "abort"])
+def test_a_late_copy_of_the_signal_while_the_run_shuts_down_leaves_the_stop_clean(stop, last_line, monkeypatch, capsys,
+                                                                                  tmp_path) -> None:
+    """A launcher's copy of the interrupt can land while the run shuts Ray down: still exit 130 and the
+    closing line, not a traceback (seen under ``uv run``, exit 1 with no closing line)."""
+    def train(cfg) -> None:
+        raise stop
+
+    monkeypatch.setattr(cli, "_shutdown_ray", lambda: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        code = run_main("GRPO", GRPO_YAML, GRPOMasterConfig, train, [f"logger.log_dir={tmp_path / 'log'}"])
+    except KeyboardInterrupt:  # not out of the test: pytest would take it for the user's Ctrl-C
+        pytest.fail("the signal during the shutdown escaped the entry point")
+    assert code == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == last_line
