@@ -60,6 +60,8 @@ REPORT_PLOTS = "posttrain/testing/report/plots.py"
 REPORT_SPEC = "posttrain/testing/report/plot_spec.py"
 CALIBRATE = "posttrain/testing/calibrate.py"
 CALIBRATE_TESTS = "tests/unit/testing/test_calibrate.py"
+COMPARISONS = "posttrain/testing/rules/comparisons.py"
+COMPARISON_TESTS = "tests/unit/testing/rules/test_rule_comparisons.py"
 TREND = "posttrain/testing/trend.py"
 TREND_TESTS = "tests/unit/testing/test_trend.py"
 NODE_PLACEMENT = "tests/unit/distributed/test_node_placement.py"
@@ -86,7 +88,10 @@ CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "sta
            # issue 37: workers placed elsewhere than asked, or said to be where they are not
            "placement",
            # issue 36: a train step that got slower, or a step-time gate that cannot see it
-           "performance")
+           "performance",
+           # a rule's comparison read by a tool other than the checker (calibration, margins, the report's
+           # plot) on another side of the bound or with another strictness than the checker decides it
+           "comparison")
 
 
 @dataclass(frozen=True)
@@ -1343,4 +1348,35 @@ MUTANTS: tuple[Mutant, ...] = (
              "    receipt = engines.start_receiving(version, engine_probe).wait()\n"
              "    trainer_probe, buckets, sent = sending.wait()\n"),),
            ("tests/unit/weight_sync/test_refit_worker_death.py",), klass="placement"),
+    # a rule's comparison read by a second tool (class "comparison")
+    Mutant("less_or_equal_made_strict", "`<=` fails at its bound, as `<` does: a run exactly on a `<=` bound fails, "
+           "and every tool reads the bound as strict", COMPARISONS,
+           (('ast.LtE: Comparison("<=", upper=True, strict=False)',
+             'ast.LtE: Comparison("<=", upper=True, strict=True)'),),
+           (f"{COMPARISON_TESTS}::test_the_checker_decides_each_operator_as_python_does_at_and_around_the_bound",),
+           klass="comparison"),
+    Mutant("calibrate_flips_a_difference_rule", "a rule whose bound reads the metrics "
+           "(`mean(r, -20) > mean(r, 1, 21)`) is calibrated as if its bound were on the left: the margin is "
+           "recommended on the wrong side of the healthy runs", CALIBRATE,
+           (("bound_on_left = right_reads and not left_reads", "bound_on_left = right_reads"),),
+           (f"{COMPARISON_TESTS}::test_a_rule_whose_bound_reads_the_metrics_is_calibrated_on_the_side_the_checker_fails",),
+           klass="comparison"),
+    Mutant("margin_slack_on_the_value_side", "a margin's slack taken value-minus-bound with the operator as written: "
+           "`0.05 < min(m)` reports a passing run's margin as negative and a failing one's as positive",
+           "posttrain/testing/rules/margins.py",
+           (("gap = comparison.slack(link.left, link.right)", "gap = comparison.slack(value, bound)"),),
+           (f"{COMPARISON_TESTS}::test_a_margins_sign_is_the_verdicts_and_zero_is_the_bound_itself",),
+           klass="comparison"),
+    Mutant("plot_bound_on_the_left_not_flipped", "the report reads `2 < max(m)` as `max(m) < 2`: it shades and rings "
+           "the side of the bound the checker passes", REPORT_SPEC,
+           (("op = seen_from_the_value(written, bound_on_left)", "op = written"),),
+           (f"{COMPARISON_TESTS}::test_the_plot_shades_and_rings_where_the_checker_fails",), klass="comparison"),
+    Mutant("gauge_holds_from_the_value_side", "the gauge colours a link by the operator seen from the value side "
+           "applied to the sides as written: `2 < max(m)` shows red where the checker passes",
+           REPORT_SPEC, (("holds = written.holds(link.left, link.right)", "holds = op.holds(link.left, link.right)"),),
+           (f"{COMPARISON_TESTS}::test_the_plot_shades_and_rings_where_the_checker_fails",), klass="comparison"),
+    Mutant("calibrate_broken_margin_sign", "calibration reports a broken run's distance past the recommended bound "
+           "with its sign flipped: a caught run reads as 'beyond by -3 std'", CALIBRATE,
+           (("past = -op.slack(value, cal.recommended_bound)", "past = op.slack(value, cal.recommended_bound)"),),
+           (f"{COMPARISON_TESTS}::test_calibration_reads_each_operator_as_the_checker_does",), klass="comparison"),
 )
