@@ -91,8 +91,10 @@ def load_step(root: str | Path, step: int, num_prompts: int, completions_per_pro
 
     Raises:
         DataError: no file, not JSON, another format or step, another P or G than this run's
-            (advantages group by G: another G would mix groups), or a sample whose fields or
-            their types are not a ``RolloutSample``'s; one line naming the file.
+            (advantages group by G: another G would mix groups), other than P * G samples (fewer or
+            more), or a sample whose fields or their types are not a ``RolloutSample``'s, or whose
+            ``seq_len`` or count of ``generation_logprobs`` disagrees with its tokens; one line
+            naming the file.
     """
     path = step_file(root, step)
     try:
@@ -133,6 +135,16 @@ def _check_sample(path: Path, i: int, sample: Any) -> None:
         if not isinstance(sample[key], kind) or isinstance(sample[key], bool):
             raise DataError(f"grpo.load_rollouts: {path}, sample {i}: {key}={sample[key]!r} is not "
                             f"{getattr(kind, '__name__', 'a number')}")
+    # Counts the sample states about itself, held exactly (a logprob too many would be cut off unseen
+    # by the train batch, which takes one per completion token)
+    completion, logprobs = len(sample["completion_ids"]), len(sample["generation_logprobs"])
+    if logprobs != completion:
+        raise DataError(f"grpo.load_rollouts: {path}, sample {i}: {logprobs} generation_logprobs for "
+                        f"{completion} completion tokens (one per token)")
+    tokens = len(sample["prompt_ids"]) + completion
+    if sample["seq_len"] != tokens:
+        raise DataError(f"grpo.load_rollouts: {path}, sample {i}: seq_len={sample['seq_len']}, but it holds "
+                        f"{tokens} prompt + completion tokens")
 
 
 def _span(steps: list[int]) -> str:

@@ -61,6 +61,9 @@ REPORT_SPEC = "posttrain/testing/report/plot_spec.py"
 CALIBRATE = "posttrain/testing/calibrate.py"
 CALIBRATE_TESTS = "tests/unit/testing/test_calibrate.py"
 COMPARISONS = "posttrain/testing/rules/comparisons.py"
+RECORDING = "posttrain/algorithms/rollout_recording.py"
+RECORDING_FORMAT = ("tests/unit/algorithms/test_rollout_recording_format.py::"
+                    "test_anything_but_a_recording_of_this_runs_shape_is_one_line_naming_the_file")
 COMPARISON_TESTS = "tests/unit/testing/rules/test_rule_comparisons.py"
 TREND = "posttrain/testing/trend.py"
 TREND_TESTS = "tests/unit/testing/test_trend.py"
@@ -91,7 +94,10 @@ CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "sta
            "performance",
            # a rule's comparison read by a tool other than the checker (calibration, margins, the report's
            # plot) on another side of the bound or with another strictness than the checker decides it
-           "comparison")
+           "comparison",
+           # a file the run reads back (a recording, a checkpoint) accepted with more items than it promises:
+           # a count checked one way
+           "one-sided-format")
 
 
 @dataclass(frozen=True)
@@ -1379,4 +1385,30 @@ MUTANTS: tuple[Mutant, ...] = (
            "with its sign flipped: a caught run reads as 'beyond by -3 std'", CALIBRATE,
            (("past = -op.slack(value, cal.recommended_bound)", "past = op.slack(value, cal.recommended_bound)"),),
            (f"{COMPARISON_TESTS}::test_calibration_reads_each_operator_as_the_checker_does",), klass="comparison"),
+    # a format check that bounds one side only (class "one-sided-format")
+    Mutant("recording_accepts_extra_samples", "a recorded step with more samples than its header's P * G is "
+           "replayed: the run trains on rows no step of this shape sampled", RECORDING,
+           (("len(samples) != num_prompts * completions_per_prompt",
+             "len(samples) < num_prompts * completions_per_prompt"),),
+           (RECORDING_FORMAT,), klass="one-sided-format"),
+    Mutant("recording_accepts_extra_logprobs", "a recorded sample with more generation logprobs than completion tokens "
+           "is replayed: the train batch cuts the extra ones off, misaligned behaviour logprobs pass unseen",
+           RECORDING, (("if logprobs != completion:", "if logprobs < completion:"),), (RECORDING_FORMAT,),
+           klass="one-sided-format"),
+    Mutant("recording_seq_len_checked_one_way", "a recorded sample whose seq_len is more than its tokens is replayed",
+           RECORDING, (('if sample["seq_len"] != tokens:', 'if sample["seq_len"] < tokens:'),), (RECORDING_FORMAT,),
+           klass="one-sided-format"),
+    Mutant("lora_resume_ignores_missing_adapter_tensors", "a LoRA checkpoint whose adapter lacks tensors resumes: "
+           "those adapters restart from their initialization in a run that reports it resumed",
+           "posttrain/models/policy/lora.py",
+           (('lost = [key for key in missing if ".lora_" in key]',
+             'lost = [key for key in unexpected if ".lora_" in key]'),),
+           (f"{LORA}::test_a_checkpoint_whose_adapter_lacks_a_tensor_or_has_one_too_many_is_refused",),
+           klass="one-sided-format"),
+    Mutant("resume_rank_count_checked_one_way", "a checkpoint written by fewer ranks than the run has resumes: "
+           "a rank finds no state of its own (a data-parallel or tensor-parallel resume at another size)",
+           "posttrain/utils/checkpoint.py", (("    if saved != current:\n", "    if saved > current:\n"),),
+           ("tests/unit/utils/test_checkpoint_dirs.py::"
+            "test_a_checkpoint_written_by_more_or_fewer_ranks_than_the_run_has_is_refused_in_one_line",),
+           klass="one-sided-format"),
 )

@@ -22,6 +22,8 @@ def step_samples(step: int) -> list[RolloutSample]:
     samples = [s for g in range(P) for s in make_group((step - 1) * P + g, size=G, first_id=(step - 1) * P * G + g * G)]
     for s in samples:
         s["question"], s["batch_index"] = f"{s['answer']} + 0 = ?", step
+        s["completion_ids"] = s["completion_ids"][:2]
+        s["seq_len"] = len(s["prompt_ids"]) + len(s["completion_ids"])
         # float32 values a JSON writer could round: they must read back bit for bit
         s["generation_logprobs"] = [struct.unpack("f", struct.pack("f", -1 / 3 - s["sample_id"] / 7))[0], -1e-8]
     return samples
@@ -62,6 +64,16 @@ def _write(tmp_path: Path, record: object) -> None:
     (lambda r: r.update(completions_per_prompt=8, num_prompts=1), r"was recorded with num_prompts_per_step=1, "
                                                                   r"completions_per_prompt=8; this run has 2, 4"),
     (lambda r: r["samples"].pop(), r"holds 7 samples, not P \* G = 8"),
+    # more samples than the header promises, in whole groups or one: never replayed
+    (lambda r: r["samples"].extend(json.loads(json.dumps(r["samples"][-G:]))), r"holds 12 samples, not P \* G = 8"),
+    (lambda r: r["samples"].append(dict(r["samples"][-1])), r"holds 9 samples, not P \* G = 8"),
+    # a sample's own counts, both ways: one logprob per completion token, seq_len = prompt + completion
+    (lambda r: r["samples"][4]["generation_logprobs"].append(-0.5),
+     r"sample 4: 3 generation_logprobs for 2 completion tokens \(one per token\)"),
+    (lambda r: r["samples"][4]["generation_logprobs"].pop(), r"sample 4: 1 generation_logprobs for 2 completion"),
+    (lambda r: r["samples"][6]["completion_ids"].append(7), r"sample 6: 2 generation_logprobs for 3 completion"),
+    (lambda r: r["samples"][1].update(seq_len=6), r"sample 1: seq_len=6, but it holds 5 prompt \+ completion tokens"),
+    (lambda r: r["samples"][1].update(seq_len=4), r"sample 1: seq_len=4, but it holds 5 prompt"),
     (lambda r: r["samples"][5].pop("reward"), r"sample 5: not a RolloutSample \(fields differ: \['reward'\]\)"),
     (lambda r: r["samples"][2].update(weight_version=True), r"sample 2: weight_version=True is not int"),
     (lambda r: r["samples"][0].update(prompt_ids="1 2 3"), r"sample 0: prompt_ids='1 2 3' is not list"),
