@@ -97,7 +97,9 @@ CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "sta
            "comparison",
            # a file the run reads back (a recording, a checkpoint) accepted with more items than it promises:
            # a count checked one way
-           "one-sided-format")
+           "one-sided-format",
+           # a token prefix checked by its length, not its content (the SFT prompt, a replayed prompt)
+           "prefix")
 
 
 @dataclass(frozen=True)
@@ -1411,4 +1413,25 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/unit/utils/test_checkpoint_dirs.py::"
             "test_a_checkpoint_written_by_more_or_fewer_ranks_than_the_run_has_is_refused_in_one_line",),
            klass="one-sided-format"),
+    # a prefix checked by length, not by content (class "prefix")
+    Mutant("sft_prompt_prefix_checked_by_length", "SFT checks only that the conversation is as long as the generation "
+           "prompt: a template that renders an answered user turn differently trains on a prompt GRPO never samples",
+           "posttrain/data/chat.py",
+           (("if tuple(full[: len(prompt)]) != prompt:", "if len(full[: len(prompt)]) != len(prompt):"),),
+           ("tests/unit/data/test_chat.py::"
+            "test_a_template_that_renders_an_answered_user_turn_differently_is_refused_in_one_line",),
+           klass="prefix"),
+    Mutant("replayed_prompt_checked_by_length", "a replay checks a recorded prompt's length against this run's prompt "
+           "of its question: a recording of another tokenizer or template trains on prompts this run never samples",
+           RECORDING, (("if list(recorded) != list(prompt):", "if len(recorded) != len(prompt):"),),
+           ("tests/unit/algorithms/test_rollout_recording_format.py::"
+            "test_a_replayed_prompt_must_be_this_runs_prompt_of_its_question_token_for_token",),
+           klass="prefix"),
+    Mutant("replayed_prompts_unchecked", "GRPO replays a recording without comparing its prompts with this run's",
+           "posttrain/algorithms/grpo.py",
+           (("                                                               rt.chat.prompt))",
+             "                                                               None))"),),
+           ("tests/integration/test_rollout_recording.py::"
+            "test_a_replay_of_a_recording_whose_prompt_is_not_this_runs_stops_before_training",),
+           klass="prefix"),
 )

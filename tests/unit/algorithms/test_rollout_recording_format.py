@@ -105,3 +105,20 @@ def test_only_whole_groups_are_written(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="step 1: 7 samples are not whole groups of 4"):
         recording.save_step(tmp_path, 1, step_samples(1)[:7], G)
     assert not recording.step_file(tmp_path, 1).exists()
+
+
+def test_a_replayed_prompt_must_be_this_runs_prompt_of_its_question_token_for_token(tmp_path: Path) -> None:
+    """``prompt_of`` (the run's ``ChatEncoder.prompt``) decides: the same number of tokens is not enough."""
+    record = json.loads(recording.save_step(tmp_path, 1, step_samples(1), G).read_text())
+    prompt_of = {s["question"]: s["prompt_ids"] for s in step_samples(1)}.__getitem__
+    assert recording.load_step(tmp_path, 1, P, G, prompt_of) == step_samples(1)
+    for edit, message in [
+        ([1, 2, 4], r"sample 5: its prompt_ids are not this run's prompt of its question \(from token 2: "
+                    r"\[4\] recorded, \[3\] here; recorded with another tokenizer or chat template\?\)$"),  # as long
+        ([1, 2, 3, 4], r"sample 5: .* \(from token 3: \[4\] recorded, \[\] here"),
+        ([1, 2], r"sample 5: .* \(from token 2: \[\] recorded, \[3\] here"),
+    ]:
+        record["samples"][5] |= {"prompt_ids": edit, "seq_len": len(edit) + len(record["samples"][5]["completion_ids"])}
+        _write(tmp_path, record)
+        with pytest.raises(DataError, match=message):
+            recording.load_step(tmp_path, 1, P, G, prompt_of)
