@@ -72,7 +72,8 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
             version = rt.policy.weight_version
             if replay is not None:
                 with timer.time("generation"):  # read back: the recorded run's samples and rewards
-                    rollouts = to_rollouts(recording.load_step(replay, step, cfg.grpo.num_prompts_per_step, g))
+                    rollouts = to_rollouts(recording.load_step(replay, step, cfg.grpo.num_prompts_per_step, g,
+                                                               rt.chat.prompt))
             else:
                 with timer.time("generation"):
                     rollouts = generate_rollouts(rt.engine, rt.chat, sampler.batch(step), cfg, step)

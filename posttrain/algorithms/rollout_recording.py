@@ -24,9 +24,11 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from posttrain.data.chat import first_difference
 from posttrain.errors import DataError
 from posttrain.rollouts.samples import RolloutSample
 
@@ -86,13 +88,20 @@ def check_recording(root: str | Path, steps: range) -> None:
         raise DataError(f"grpo.load_rollouts='{root}' has no recording of step(s) {_span(missing)}: it holds {have}")
 
 
-def load_step(root: str | Path, step: int, num_prompts: int, completions_per_prompt: int) -> list[RolloutSample]:
-    """Step ``step``'s samples, as recorded, checked against the format and this run's P and G.
+def load_step(root: str | Path, step: int, num_prompts: int, completions_per_prompt: int,
+              prompt_of: Callable[[str], Sequence[int]] | None = None) -> list[RolloutSample]:
+    """Step ``step``'s samples, as recorded, checked against the format and this run's P and G, and
+    with ``prompt_of`` (this run's ``ChatEncoder.prompt``) each sample's ``prompt_ids`` against the
+    prompt this run renders for its question, token by token: a recording made with another
+    tokenizer or chat template would train on prompts this run never samples from.
 
     Raises:
         DataError: no file, not JSON, another format or step, another P or G than this run's
-            (advantages group by G: another G would mix groups), or a sample whose fields or
-            their types are not a ``RolloutSample``'s; one line naming the file.
+            (advantages group by G: another G would mix groups), other than P * G samples (fewer or
+            more), or a sample whose fields or their types are not a ``RolloutSample``'s, or whose
+            ``seq_len`` or count of ``generation_logprobs`` disagrees with its tokens; one line
+            naming the file; with ``prompt_of``, a sample whose prompt is not this run's prompt of its
+            question (naming the first token that differs).
     """
     path = step_file(root, step)
     try:
@@ -117,6 +126,8 @@ def load_step(root: str | Path, step: int, num_prompts: int, completions_per_pro
                         f"{num_prompts * completions_per_prompt}")
     for i, sample in enumerate(samples):
         _check_sample(path, i, sample)
+        if prompt_of is not None:
+            _check_prompt(path, i, sample, prompt_of(sample["question"]))
     for first in range(0, len(samples), completions_per_prompt):
         ids = {s["group_id"] for s in samples[first:first + completions_per_prompt]}
         if len(ids) != 1:
@@ -133,6 +144,25 @@ def _check_sample(path: Path, i: int, sample: Any) -> None:
         if not isinstance(sample[key], kind) or isinstance(sample[key], bool):
             raise DataError(f"grpo.load_rollouts: {path}, sample {i}: {key}={sample[key]!r} is not "
                             f"{getattr(kind, '__name__', 'a number')}")
+    # Counts the sample states about itself, held exactly (a logprob too many would be cut off unseen
+    # by the train batch, which takes one per completion token)
+    completion, logprobs = len(sample["completion_ids"]), len(sample["generation_logprobs"])
+    if logprobs != completion:
+        raise DataError(f"grpo.load_rollouts: {path}, sample {i}: {logprobs} generation_logprobs for "
+                        f"{completion} completion tokens (one per token)")
+    tokens = len(sample["prompt_ids"]) + completion
+    if sample["seq_len"] != tokens:
+        raise DataError(f"grpo.load_rollouts: {path}, sample {i}: seq_len={sample['seq_len']}, but it holds "
+                        f"{tokens} prompt + completion tokens")
+
+
+def _check_prompt(path: Path, i: int, sample: RolloutSample, prompt: Sequence[int]) -> None:
+    recorded = sample["prompt_ids"]
+    if list(recorded) != list(prompt):
+        at = first_difference(recorded, prompt) or 0
+        raise DataError(f"grpo.load_rollouts: {path}, sample {i}: its prompt_ids are not this run's prompt of its "
+                        f"question (from token {at}: {recorded[at:at + 5]} recorded, {list(prompt[at:at + 5])} here; "
+                        "recorded with another tokenizer or chat template?)")
 
 
 def _span(steps: list[int]) -> str:

@@ -8,7 +8,20 @@ training draws the same problems again and again.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
+
+from posttrain.errors import ConfigError
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where token sequences ``a`` and ``b`` differ (the shorter one's length
+    when one is a prefix of the other), or None when they are equal: compared by content, token by
+    token, never by length alone."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):  # the shorter one ends the comparison
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 class ChatEncoder:
@@ -38,13 +51,29 @@ class ChatEncoder:
         it is not trained on either.
 
         Raises:
-            ValueError: the template renders the conversation with a prefix other than the prompt.
+            ConfigError: the conversation's tokens do not start with the prompt's, token for token (a
+                template that renders the user turn differently once an assistant turn follows, such
+                as one that folds a system prompt into the last user turn only): SFT would train on a
+                prompt that GRPO and validation never sample from. One line naming the first token
+                that differs.
         """
         prompt = self.prompt(question)
         messages = [{"role": "user", "content": question}, {"role": "assistant", "content": response}]
         full = self._render(messages, add_generation_prompt=False)
         if tuple(full[: len(prompt)]) != prompt:
-            raise ValueError("chat template: the conversation does not start with the generation prompt")
+            raise ConfigError(self._not_a_prefix(full, prompt))
         turn = full[len(prompt):]
         eos = self.tokenizer.eos_token_id
         return prompt, tuple(turn[: turn.index(eos) + 1] if eos in turn else turn)
+
+    def _not_a_prefix(self, full: list[int], prompt: tuple[int, ...]) -> str:
+        """Why the rendered conversation ``full`` does not start with the generation ``prompt``."""
+        at = first_difference(full[: len(prompt)], prompt)
+        assert at is not None
+
+        def shown(ids: Sequence[int]) -> str:
+            return repr(self.tokenizer.decode(list(ids[at: at + 12]))) if at < len(ids) else "nothing (it ends)"
+
+        return (f"chat template: a user + assistant conversation does not start with the generation prompt: from "
+                f"token {at} it has {shown(full)} where the prompt has {shown(prompt)} (the user turn rendered "
+                "differently once an assistant turn follows?); SFT would train on a prompt GRPO never samples from")

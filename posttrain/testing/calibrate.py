@@ -46,15 +46,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain.testing.report.plot_spec import FLIPPED, named_metrics, plot_spec
+from posttrain.testing.report.plot_spec import named_metrics, plot_spec
+from posttrain.testing.rules import comparisons
 from posttrain.testing.rules.checker import normalize
-from posttrain.testing.rules.compiler import CMP_OPS, compile_rule
+from posttrain.testing.rules.compiler import compile_rule
 from posttrain.testing.rules.errors import MetricsFileError, RuleError
 from posttrain.testing.rules.interpreter import evaluate, evaluate_rule, load_metrics
 from posttrain.testing.rules.packs import PACKS, pack_rules
 
 PROG = "check-metrics calibrate"
-ORDER = ("<", "<=", ">", ">=")
 
 
 class UsageError(Exception):
@@ -179,9 +179,9 @@ def quantity_of(rule: str) -> Quantity | str:
         return "not a comparison (a boolean check such as all_finite passes or fails; no bound to move)"
     if len(body.ops) != 1:
         return "a chain of comparisons: write each side as its own rule to calibrate it"
-    symbol = CMP_OPS[type(body.ops[0])][0]
-    if symbol not in ORDER:
-        return f"`{symbol}` compares no value with a bound"
+    written = comparisons.of_node(body.ops[0])
+    if not written.is_order:
+        return f"`{written.symbol}` compares no value with a bound"
     left, right = body.left, body.comparators[0]
     left_reads = bool(named_metrics(ast.Expression(body=left)))
     right_reads = bool(named_metrics(ast.Expression(body=right)))
@@ -189,7 +189,7 @@ def quantity_of(rule: str) -> Quantity | str:
         return "reads no metric"
     bound_on_left = right_reads and not left_reads
     value_node, bound_node = (right, left) if bound_on_left else (left, right)
-    op = FLIPPED[symbol] if bound_on_left else symbol
+    op = comparisons.seen_from_the_value(written, bound_on_left).symbol
     difference = left_reads and right_reads
     bound: float | None = 0.0
     if not difference:
@@ -252,11 +252,6 @@ class Calibration:
     broken: list[dict[str, Any]] = field(default_factory=list)
 
 
-def holds(value: float, op: str, bound: float) -> bool:
-    """Whether ``value op bound`` holds (op one of ``< <= > >=``)."""
-    return {"<": value < bound, "<=": value <= bound, ">": value > bound, ">=": value >= bound}[op]
-
-
 def calibrate_rule(rule: str, healthy: Mapping[str, Mapping[str, Any]], broken: Mapping[str, Mapping[str, Any]],
                    false_alarm_rate: float, log_scale: bool = False) -> Calibration:
     """Calibrate one rule on the healthy runs and test the recommended bound on the broken ones.
@@ -280,6 +275,7 @@ def calibrate_rule(rule: str, healthy: Mapping[str, Mapping[str, Any]], broken: 
     quantity = quantity_of(rule)
     if isinstance(quantity, str):
         return Calibration(rule, reason=quantity)
+    op = comparisons.of(quantity.op)  # the checker's own reading of the operator
     shown = f"{quantity.value_text} - ({quantity.bound_text})" if quantity.difference else quantity.value_text
     cal = Calibration(rule, quantity=shown, op=quantity.op, current_bound=quantity.bound)
     for name, data in healthy.items():
@@ -294,7 +290,7 @@ def calibrate_rule(rule: str, healthy: Mapping[str, Mapping[str, Any]], broken: 
         cal.reason = f"log scale needs every healthy value > 0, got {min(values):.6g}"
         return cal
     cal.distribution = Distribution.of(values)
-    upper = quantity.op in ("<", "<=")
+    upper = op.fails == "above"
     cal.k, cal.log_scale = prediction_factor(len(values), false_alarm_rate), log_scale
     cal.recommended_bound = prediction_bound(values, false_alarm_rate, upper, log_scale)
     if cal.recommended_bound is None:
@@ -303,7 +299,7 @@ def calibrate_rule(rule: str, healthy: Mapping[str, Mapping[str, Any]], broken: 
     spread = statistics.stdev([math.log(v) for v in values]) if log_scale else cal.distribution.std
     if quantity.bound is not None:
         cal.current_false_alarms = [n for n, v in cal.values.items() if v is not None
-                                    and not holds(v, quantity.op, quantity.bound)]
+                                    and not op.holds(v, quantity.bound)]
     for name, data in broken.items():
         value, why = measure(rule, quantity, data)
         row: dict[str, Any] = {"run": name, "value": value}
@@ -311,11 +307,11 @@ def calibrate_rule(rule: str, healthy: Mapping[str, Mapping[str, Any]], broken: 
             row |= {"fails_recommended": True, "margin": None, "why": why}
         elif cal.recommended_bound is not None:
             # signed distance past the bound in the rule's failing direction: > 0 caught
-            past = cal.recommended_bound - value if not upper else value - cal.recommended_bound
+            past = -op.slack(value, cal.recommended_bound)
             if log_scale:  # in log units; a value <= 0 is below any log-scale bound, by no finite count
-                past_log = ((math.log(value) - math.log(cal.recommended_bound)) * (1 if upper else -1)
+                past_log = (-op.slack(math.log(value), math.log(cal.recommended_bound))
                             if value > 0 else (-math.inf if upper else math.inf))
-            row |= {"fails_recommended": not holds(value, quantity.op, cal.recommended_bound), "margin": past,
+            row |= {"fails_recommended": not op.holds(value, cal.recommended_bound), "margin": past,
                     "margin_in_std": (past_log if log_scale else past) / spread}
         cal.broken.append(row)
     return cal
@@ -377,7 +373,7 @@ def render(cal: Calibration, false_alarm_rate: float) -> str:
     if cal.distribution is None:
         return "\n".join([*lines, f"  not calibrated: {cal.reason}"])
     d = cal.distribution
-    side = "upper" if cal.op in ("<", "<=") else "lower"
+    side = "upper" if comparisons.of(cal.op).fails == "above" else "lower"
     lines += [f"  quantity: {cal.quantity} {cal.op} bound",
               f"  healthy runs: n={d.n} min={_g(d.min)} median={_g(d.median)} max={_g(d.max)} mean={_g(d.mean)} "
               f"std={_g(d.std)}"]

@@ -17,6 +17,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from posttrain.errors import ConfigError
+
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -86,3 +88,22 @@ def save_step(root: Path, step: int, write: Callable[[Path], None], keep_last: i
     for old in complete[:-keep_last]:
         shutil.rmtree(Path(root) / f"step_{old}", ignore_errors=True)
     return target
+
+
+def check_written_by(path: Path | str, layout: str, saved: int, current: int) -> None:
+    """Refuse to resume from a checkpoint written by another number of ranks than this run has.
+
+    Either way round a rank would restore state of another layout: with fewer ranks than the
+    checkpoint, some saved state is never read; with more, some rank has none of its own.
+
+    Args:
+        path: the checkpoint, for the message.
+        layout: the config key (or keys) that set the rank count, for the message.
+        saved, current: the rank count the checkpoint was written with, and this run's.
+
+    Raises:
+        ConfigError: ``saved != current``; one line naming the checkpoint, the key and both counts.
+    """
+    if saved != current:
+        raise ConfigError(f"checkpoint '{path}' was written with {layout}={saved}; this run has {current} "
+                          "(resume with the same size)")

@@ -71,6 +71,32 @@ def test_a_replay_of_a_recording_that_lacks_a_step_stops_before_anything_starts(
     assert in_process.recorder.workers == []
 
 
+def test_a_replay_of_a_recording_whose_prompt_is_not_this_runs_stops_before_training(in_process, tiny_model_path,
+                                                                                     tmp_path: Path) -> None:
+    """A recording whose prompt tokens differ from what this run's chat template renders for the question
+    (same length, other tokens: another tokenizer or template recorded it) would train on prompts this
+    run never samples from."""
+    from transformers import AutoTokenizer
+    from unit.algorithms.test_rollout_recording_format import step_samples
+
+    from posttrain.data.chat import ChatEncoder
+
+    chat = ChatEncoder(AutoTokenizer.from_pretrained(tiny_model_path))
+    samples = step_samples(1)
+    for sample in samples:
+        sample["prompt_ids"] = list(chat.prompt(sample["question"]))
+        sample["seq_len"] = len(sample["prompt_ids"]) + len(sample["completion_ids"])
+    sample = samples[5]
+    sample["prompt_ids"] = sample["prompt_ids"][::-1]  # the same tokens, in another order
+    recording.save_step(tmp_path, 1, samples, 4)
+    with pytest.raises(DataError, match=r"step_000001.json, sample 5: its prompt_ids are not this run's prompt of "
+                                        r"its question \(from token 0: "):
+        in_process.run(grpo, GRPO_YAML, [f"model.path={tiny_model_path}", *JOB, "grpo.num_steps=1",
+                                         "grpo.num_prompts_per_step=2", "grpo.completions_per_prompt=4",
+                                         f"grpo.load_rollouts={tmp_path}", f"logger.log_dir={tmp_path}/log"])
+    assert [c.method for c in in_process.recorder.calls if c.role == "policy" and c.method == "train"] == []
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["grpo.save_rollouts=/tmp/a", "grpo.load_rollouts=/tmp/b"],
      r"save_rollouts='/tmp/a' and load_rollouts='/tmp/b': a replay samples nothing new to record \(set one\)"),

@@ -61,6 +61,11 @@ REPORT_PLOTS = "posttrain/testing/report/plots.py"
 REPORT_SPEC = "posttrain/testing/report/plot_spec.py"
 CALIBRATE = "posttrain/testing/calibrate.py"
 CALIBRATE_TESTS = "tests/unit/testing/test_calibrate.py"
+COMPARISONS = "posttrain/testing/rules/comparisons.py"
+RECORDING = "posttrain/algorithms/rollout_recording.py"
+RECORDING_FORMAT = ("tests/unit/algorithms/test_rollout_recording_format.py::"
+                    "test_anything_but_a_recording_of_this_runs_shape_is_one_line_naming_the_file")
+COMPARISON_TESTS = "tests/unit/testing/rules/test_rule_comparisons.py"
 TREND = "posttrain/testing/trend.py"
 TREND_TESTS = "tests/unit/testing/test_trend.py"
 NODE_PLACEMENT = "tests/unit/distributed/test_node_placement.py"
@@ -87,7 +92,15 @@ CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "sta
            # issue 37: workers placed elsewhere than asked, or said to be where they are not
            "placement",
            # issue 36: a train step that got slower, or a step-time gate that cannot see it
-           "performance")
+           "performance",
+           # a rule's comparison read by a tool other than the checker (calibration, margins, the report's
+           # plot) on another side of the bound or with another strictness than the checker decides it
+           "comparison",
+           # a file the run reads back (a recording, a checkpoint) accepted with more items than it promises:
+           # a count checked one way
+           "one-sided-format",
+           # a token prefix checked by its length, not its content (the SFT prompt, a replayed prompt)
+           "prefix")
 
 
 @dataclass(frozen=True)
@@ -1380,4 +1393,82 @@ MUTANTS: tuple[Mutant, ...] = (
              "    receipt = engines.start_receiving(version, engine_probe).wait()\n"
              "    trainer_probe, buckets, sent = sending.wait()\n"),),
            ("tests/unit/weight_sync/test_refit_worker_death.py",), klass="placement"),
+    # a rule's comparison read by a second tool (class "comparison")
+    Mutant("less_or_equal_made_strict", "`<=` fails at its bound, as `<` does: a run exactly on a `<=` bound fails, "
+           "and every tool reads the bound as strict", COMPARISONS,
+           (('ast.LtE: Comparison("<=", upper=True, strict=False)',
+             'ast.LtE: Comparison("<=", upper=True, strict=True)'),),
+           (f"{COMPARISON_TESTS}::test_the_checker_decides_each_operator_as_python_does_at_and_around_the_bound",),
+           klass="comparison"),
+    Mutant("calibrate_flips_a_difference_rule", "a rule whose bound reads the metrics "
+           "(`mean(r, -20) > mean(r, 1, 21)`) is calibrated as if its bound were on the left: the margin is "
+           "recommended on the wrong side of the healthy runs", CALIBRATE,
+           (("bound_on_left = right_reads and not left_reads", "bound_on_left = right_reads"),),
+           (f"{COMPARISON_TESTS}::test_a_rule_whose_bound_reads_the_metrics_is_calibrated_on_the_side_the_checker_fails",),
+           klass="comparison"),
+    Mutant("margin_slack_on_the_value_side", "a margin's slack taken value-minus-bound with the operator as written: "
+           "`0.05 < min(m)` reports a passing run's margin as negative and a failing one's as positive",
+           "posttrain/testing/rules/margins.py",
+           (("gap = comparison.slack(link.left, link.right)", "gap = comparison.slack(value, bound)"),),
+           (f"{COMPARISON_TESTS}::test_a_margins_sign_is_the_verdicts_and_zero_is_the_bound_itself",),
+           klass="comparison"),
+    Mutant("plot_bound_on_the_left_not_flipped", "the report reads `2 < max(m)` as `max(m) < 2`: it shades and rings "
+           "the side of the bound the checker passes", REPORT_SPEC,
+           (("op = seen_from_the_value(written, bound_on_left)", "op = written"),),
+           (f"{COMPARISON_TESTS}::test_the_plot_shades_and_rings_where_the_checker_fails",), klass="comparison"),
+    Mutant("gauge_holds_from_the_value_side", "the gauge colours a link by the operator seen from the value side "
+           "applied to the sides as written: `2 < max(m)` shows red where the checker passes",
+           REPORT_SPEC, (("holds = written.holds(link.left, link.right)", "holds = op.holds(link.left, link.right)"),),
+           (f"{COMPARISON_TESTS}::test_the_plot_shades_and_rings_where_the_checker_fails",), klass="comparison"),
+    Mutant("calibrate_broken_margin_sign", "calibration reports a broken run's distance past the recommended bound "
+           "with its sign flipped: a caught run reads as 'beyond by -3 std'", CALIBRATE,
+           (("past = -op.slack(value, cal.recommended_bound)", "past = op.slack(value, cal.recommended_bound)"),),
+           (f"{COMPARISON_TESTS}::test_calibration_reads_each_operator_as_the_checker_does",), klass="comparison"),
+    # a format check that bounds one side only (class "one-sided-format")
+    Mutant("recording_accepts_extra_samples", "a recorded step with more samples than its header's P * G is "
+           "replayed: the run trains on rows no step of this shape sampled", RECORDING,
+           (("len(samples) != num_prompts * completions_per_prompt",
+             "len(samples) < num_prompts * completions_per_prompt"),),
+           (RECORDING_FORMAT,), klass="one-sided-format"),
+    Mutant("recording_accepts_extra_logprobs", "a recorded sample with more generation logprobs than completion tokens "
+           "is replayed: the train batch cuts the extra ones off, misaligned behaviour logprobs pass unseen",
+           RECORDING, (("if logprobs != completion:", "if logprobs < completion:"),), (RECORDING_FORMAT,),
+           klass="one-sided-format"),
+    Mutant("recording_seq_len_checked_one_way", "a recorded sample whose seq_len is more than its tokens is replayed",
+           RECORDING, (('if sample["seq_len"] != tokens:', 'if sample["seq_len"] < tokens:'),), (RECORDING_FORMAT,),
+           klass="one-sided-format"),
+    Mutant("lora_resume_ignores_missing_adapter_tensors", "a LoRA checkpoint whose adapter lacks tensors resumes: "
+           "those adapters restart from their initialization in a run that reports it resumed",
+           "posttrain/models/policy/lora.py",
+           (('lost = [key for key in missing if ".lora_" in key]',
+             'lost = [key for key in unexpected if ".lora_" in key]'),),
+           (f"{LORA}::test_a_checkpoint_whose_adapter_lacks_a_tensor_or_has_one_too_many_is_refused",),
+           klass="one-sided-format"),
+    Mutant("resume_rank_count_checked_one_way", "a checkpoint written by fewer ranks than the run has resumes: "
+           "a rank finds no state of its own (a data-parallel or tensor-parallel resume at another size)",
+           "posttrain/utils/checkpoint.py", (("    if saved != current:\n", "    if saved > current:\n"),),
+           ("tests/unit/utils/test_checkpoint_dirs.py::"
+            "test_a_checkpoint_written_by_more_or_fewer_ranks_than_the_run_has_is_refused_in_one_line",),
+           klass="one-sided-format"),
+    # a prefix checked by length, not by content (class "prefix")
+    Mutant("sft_prompt_prefix_checked_by_length", "SFT checks only that the conversation is as long as the generation "
+           "prompt: a template that renders an answered user turn differently trains on a prompt GRPO never samples",
+           "posttrain/data/chat.py",
+           (("if tuple(full[: len(prompt)]) != prompt:", "if len(full[: len(prompt)]) != len(prompt):"),),
+           ("tests/unit/data/test_chat.py::"
+            "test_a_template_that_renders_an_answered_user_turn_differently_is_refused_in_one_line",),
+           klass="prefix"),
+    Mutant("replayed_prompt_checked_by_length", "a replay checks a recorded prompt's length against this run's prompt "
+           "of its question: a recording of another tokenizer or template trains on prompts this run never samples",
+           RECORDING, (("if list(recorded) != list(prompt):", "if len(recorded) != len(prompt):"),),
+           ("tests/unit/algorithms/test_rollout_recording_format.py::"
+            "test_a_replayed_prompt_must_be_this_runs_prompt_of_its_question_token_for_token",),
+           klass="prefix"),
+    Mutant("replayed_prompts_unchecked", "GRPO replays a recording without comparing its prompts with this run's",
+           "posttrain/algorithms/grpo.py",
+           (("                                                               rt.chat.prompt))",
+             "                                                               None))"),),
+           ("tests/integration/test_rollout_recording.py::"
+            "test_a_replay_of_a_recording_whose_prompt_is_not_this_runs_stops_before_training",),
+           klass="prefix"),
 )

@@ -27,7 +27,7 @@ from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 from posttrain.models.policy.reference_timing import reference_forward_backward_seconds
 from posttrain.models.precision import use_tf32_for_fp32
 from posttrain.ops import chunked_completion_logprobs, completion_logits, completion_positions
-from posttrain.utils.checkpoint import atomic_dir
+from posttrain.utils.checkpoint import atomic_dir, check_written_by
 from posttrain.weight_sync.transport import tensor_identity
 
 
@@ -351,20 +351,21 @@ class HfPolicyWorkerImpl(PolicyWorkerBase):
 
     def load_checkpoint(self, path: str) -> None:
         """Restore model weights (with LoRA: the adapter), optimizer state and weight version
-        from ``save_checkpoint``."""
+        from ``save_checkpoint``.
+
+        Raises:
+            ConfigError: the checkpoint was written by another ``policy.data_parallel_size``, or its
+                adapter lacks a tensor of this policy's adapters or holds one it does not have.
+        """
         if self.use_lora:
             from peft.utils import set_peft_model_state_dict
             from safetensors.torch import load_file
 
             adapter = load_file(str(Path(path) / lora.ADAPTER_WEIGHTS))
             result: Any = set_peft_model_state_dict(self.model, adapter)
-            if result.unexpected_keys:
-                raise RuntimeError(f"adapter in '{path}' has unexpected tensors: {result.unexpected_keys[:3]}")
+            lora.check_adapter_tensors(Path(path), result.missing_keys, result.unexpected_keys)
         state = torch.load(Path(path) / "trainer_state.pt", weights_only=True)
-        saved_by = state.get("data_parallel_size", 1)
-        if saved_by != self.data_parallel_size:
-            raise ConfigError(f"checkpoint '{path}' was written with policy.data_parallel_size={saved_by}; this run "
-                              f"has {self.data_parallel_size} (resume with the same size)")
+        check_written_by(path, "policy.data_parallel_size", state.get("data_parallel_size", 1), self.data_parallel_size)
         if not self.use_lora:
             from transformers import AutoModelForCausalLM
 

@@ -95,3 +95,24 @@ def check_adapter(path: Path, cfg: LoraConfig) -> None:
     for key, (was, now) in pairs.items():
         if was != now:
             raise ConfigError(f"checkpoint '{path}' has policy.lora.{key}={was}, the config says {now}")
+
+
+def check_adapter_tensors(path: Path, missing: list[str], unexpected: list[str]) -> None:
+    """Refuse an adapter checkpoint that does not hold exactly the policy's adapter tensors.
+
+    ``missing`` and ``unexpected`` are what peft's ``set_peft_model_state_dict`` reports. Its missing
+    keys list every base weight too (a checkpoint holds the adapter only), so only missing adapter
+    tensors (``.lora_``) count: one of those would silently keep its fresh initialization (A random,
+    B zero) in a run that reports it resumed.
+
+    Raises:
+        ConfigError: an adapter tensor missing, or a tensor the policy's adapters do not have;
+            one line naming the checkpoint and the first three.
+    """
+    lost = [key for key in missing if ".lora_" in key]
+    if lost:
+        raise ConfigError(f"checkpoint '{path}': its adapter lacks {len(lost)} of the policy's adapter tensors "
+                          f"({', '.join(lost[:3])}{', ...' if len(lost) > 3 else ''})")
+    if unexpected:
+        raise ConfigError(f"checkpoint '{path}': its adapter has {len(unexpected)} tensors the policy's adapters "
+                          f"do not ({', '.join(unexpected[:3])}{', ...' if len(unexpected) > 3 else ''})")

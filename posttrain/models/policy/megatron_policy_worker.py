@@ -40,7 +40,7 @@ from posttrain.models.megatron.model import load_local_state, local_state
 from posttrain.models.policy.base_policy_worker import MicroBatch, PolicyWorkerBase, reduce_metrics
 from posttrain.models.policy.interfaces import LossFn, Metrics
 from posttrain.models.precision import use_tf32_for_fp32
-from posttrain.utils.checkpoint import atomic_dir
+from posttrain.utils.checkpoint import atomic_dir, check_written_by
 
 # one file per model-parallel rank (rank = tp_rank + tp * pp_rank; the name predates pipelines)
 OPTIMIZER_STATE = "megatron_optimizer_tp{rank}.pt"
@@ -306,7 +306,15 @@ class MegatronPolicyWorkerImpl(PolicyWorkerBase, InPlaceEngineMixin):
 
     def load_checkpoint(self, path: str) -> None:
         """Restore weights (from the checkpoint's Hugging Face files), this rank's optimizer
-        state (fp32 master weights included), the lr schedule and the weight version."""
+        state (fp32 master weights included), the lr schedule and the weight version.
+
+        Raises:
+            ConfigError: the checkpoint holds the optimizer states of another number of ranks (tensor
+                x pipeline parallel size): a rank would restore another layout's shard, or find none.
+        """
+        saved = len(list(Path(path).glob(OPTIMIZER_STATE.format(rank="*"))))
+        check_written_by(path, "policy.megatron.tensor_model_parallel_size x pipeline_model_parallel_size", saved,
+                         self.tp * self.pp)
         load_local_state(self.model, self._local_shard(read_hf_weights(path)))
         state = torch.load(Path(path) / OPTIMIZER_STATE.format(rank=self.rank), weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])

@@ -29,18 +29,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from posttrain.testing.rules.compiler import CMP_OPS, compile_rule
+from posttrain.testing.rules.comparisons import Comparison as Operator
+from posttrain.testing.rules.comparisons import of_node, seen_from_the_value
+from posttrain.testing.rules.compiler import compile_rule
 from posttrain.testing.rules.helpers import step_window
 from posttrain.testing.rules.interpreter import CheckResult, evaluate
 from posttrain.testing.rules.series import Series, is_number
 
-# The comparison seen from the other side: ``0.05 < min(m)`` is ``min(m) > 0.05``.
-FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
-COMPARE = {symbol: fn for symbol, fn in CMP_OPS.values()}
 # Helpers whose value is a value of the metric itself (or a mean of some), so its bound is in the
 # metric's units and can be drawn over the series.
 IN_UNITS = ("min", "max", "mean", "median", "first", "last")
-ORDER = ("<", "<=", ">", ">=")
 
 
 def non_finite_name(value: float) -> str:
@@ -70,7 +68,8 @@ class Level:
 
     ``role``: ``bound`` (what the value is compared with) or ``value`` (an aggregate of the metric).
     ``steps``: the first and last step it covers (None: the whole run, a bound that reads no metric).
-    ``fails``: for a bound, the side where the value fails (``above``: the rule asks for less).
+    ``op``: for a bound that reads no metric, the comparison ``value op bound`` (the checker's own,
+    :mod:`posttrain.testing.rules.comparisons`): which side fails, and whether the bound itself does.
     ``holds``: whether the comparison it belongs to held.
     """
 
@@ -79,8 +78,13 @@ class Level:
     label: str
     role: Literal["bound", "value"]
     steps: tuple[int, int] | None = None
-    fails: Literal["above", "below"] | None = None
+    op: Operator | None = None
     holds: bool = True
+
+    @property
+    def fails(self) -> Literal["above", "below"] | None:
+        """For a bound with an ``op``, the side where the value fails (``above``: the rule asks for less)."""
+        return self.op.fails if self.op is not None else None
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,7 @@ def _label(read: _Read, value: float) -> str:
     return f"{what} {_span(read)} = {value:.4g}"
 
 
-def _beyond(read: _Read, op: str, bound: float, data: Mapping[str, Any]) -> list[tuple[str, int]]:
+def _beyond(read: _Read, op: Operator, bound: float, data: Mapping[str, Any]) -> list[tuple[str, int]]:
     """Steps whose value fails ``value op bound`` in a rule that fails when any one step does.
 
     ``max(m) < b`` fails on every step >= b, ``min(m) > b`` on every step <= b; a one-step read
@@ -221,13 +225,13 @@ def _beyond(read: _Read, op: str, bound: float, data: Mapping[str, Any]) -> list
     exceed) have no single failing step. Non-finite values are not listed: they are marked as such.
     """
     one_step = read.helper in ("step", "first", "last")
-    any_step = (read.helper == "max" and op in ("<", "<=")) or (read.helper == "min" and op in (">", ">="))
+    any_step = read.helper == ("max" if op.fails == "above" else "min")
     if not (one_step or any_step):
         return []
     series = data[read.metric]
     wanted = set(read.steps)
     return [(read.metric, s) for s, v in zip(series.steps, series.step_values, strict=True)
-            if s in wanted and math.isfinite(v) and not COMPARE[op](v, bound)]
+            if s in wanted and math.isfinite(v) and not op.holds(v, bound)]
 
 
 def _link_nodes(tree: ast.Expression) -> list[tuple[ast.expr, ast.cmpop, ast.expr]]:
@@ -270,28 +274,28 @@ def plot_spec(index: int, result: CheckResult, data: Mapping[str, Any]) -> RuleP
     failing: list[tuple[str, int]] = []
     comparisons: list[Comparison] = []
     for k, (left, op_node, right) in enumerate(_link_nodes(tree)):
-        symbol = CMP_OPS[type(op_node)][0]
-        if symbol not in FLIPPED:  # `in` / `not in`: a membership, no value against a bound
+        written = of_node(op_node)
+        if not (written.is_order or written.symmetric):  # `in` / `not in`: a membership, no value against a bound
             continue
         link = evaluation.links[k] if k < len(evaluation.links) else None
         bound_on_left = link.bound_on_left if link else not _reads_data(left) and _reads_data(right)
         value_node, bound_node = (right, left) if bound_on_left else (left, right)
-        op = FLIPPED[symbol] if bound_on_left else symbol
+        op = seen_from_the_value(written, bound_on_left)
         if link is not None:
             value, bound = (link.right, link.left) if bound_on_left else (link.left, link.right)
-            holds = bool(COMPARE[symbol](link.left, link.right))
-            comparisons.append(Comparison(ast.unparse(value_node), value, op, ast.unparse(bound_node), bound, holds))
+            holds = written.holds(link.left, link.right)
+            comparisons.append(Comparison(ast.unparse(value_node), value, op.symbol, ast.unparse(bound_node), bound,
+                                          holds))
         else:  # the engine stopped before this link (a NaN read, an earlier link false): its bound alone
             value, bound, holds = None, _argument(bound_node, data), False
-        if op not in ORDER or not _finite_number(bound):
+        if not op.is_order or not _finite_number(bound):
             continue
         value_read, bound_read = _read_of(value_node, data), _read_of(bound_node, data)
         if value_read is not None and value_read.helper in ("mean", "median") and _finite_number(value):
             span = (value_read.steps[0], value_read.steps[-1])  # other reads are points of the series drawn
             levels.append(Level(value_read.metric, value, _label(value_read, value), "value", span, holds=holds))
         if value_read is not None and not _reads_data(bound_node):
-            fails: Literal["above", "below"] = "above" if op in ("<", "<=") else "below"
-            levels.append(Level(value_read.metric, bound, f"bound {bound:.4g}", "bound", None, fails, holds))
+            levels.append(Level(value_read.metric, bound, f"bound {bound:.4g}", "bound", None, op, holds))
             failing += _beyond(value_read, op, bound, data)
         elif bound_read is not None:
             covers = (bound_read.steps[0], bound_read.steps[-1]) if bound_read.steps else None

@@ -119,10 +119,11 @@ def _draw_levels(ax: Axes, levels: Sequence[tuple[int, Level]], index: int, scal
         else:
             ax.hlines(level.y, level.steps[0], level.steps[1], colors=colour, linestyles=style, lw=width,
                       label=level.label, gid=gid, zorder=4, alpha=0.9)
-        if level.fails is not None:  # the side where the value fails, up to the panel's edge
-            edge = top if level.fails == "above" else bottom
+        if level.op is not None:  # the side where the value fails, up to the panel's edge
+            edge = top if level.op.fails == "above" else bottom
+            # the legend says whether the bound itself fails, which a shaded area cannot show
             ax.axhspan(min(level.y, edge), max(level.y, edge), color=BAD_COLOUR, alpha=0.07, lw=0,
-                       gid=f"{gid}-failing-side")
+                       gid=f"{gid}-failing-side", label=f"fails {level.op.negated.symbol} {format_number(level.y)}")
     ax.set_ylim(bottom, top)
 
 

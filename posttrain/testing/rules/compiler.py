@@ -14,6 +14,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+from posttrain.testing.rules.comparisons import NODES as COMPARISON_NODES
 from posttrain.testing.rules.errors import RuleError
 from posttrain.testing.rules.helpers import HELPERS
 
@@ -23,16 +24,10 @@ BIN_OPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
     ast.Pow: lambda a, b: float(a) ** float(b),  # float: no 10**10**10 big-int DoS
 }
-CMP_OPS: dict[type, tuple[str, Callable[[Any, Any], bool]]] = {
-    ast.Eq: ("==", operator.eq), ast.NotEq: ("!=", operator.ne),
-    ast.Lt: ("<", operator.lt), ast.LtE: ("<=", operator.le),
-    ast.Gt: (">", operator.gt), ast.GtE: (">=", operator.ge),
-    ast.In: ("in", lambda a, b: a in b), ast.NotIn: ("not in", lambda a, b: a not in b),
-}
 _ALLOWED = (
     ast.Expression, ast.Constant, ast.Name, ast.Load, ast.Subscript, ast.BinOp,
     ast.UnaryOp, ast.USub, ast.UAdd, ast.Not, ast.Compare, ast.BoolOp, ast.And,
-    ast.Or, ast.Call, ast.keyword, ast.List, ast.Tuple, *BIN_OPS, *CMP_OPS,
+    ast.Or, ast.Call, ast.keyword, ast.List, ast.Tuple, *BIN_OPS, *COMPARISON_NODES,
 )
 _NAMES = {  # what a disallowed node is called in the error message
     ast.Attribute: "attribute access", ast.Lambda: "lambda", ast.ListComp: "comprehension",

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from posttrain.testing.rules.compiler import BIN_OPS, CMP_OPS, compile_rule
+from posttrain.testing.rules import comparisons
+from posttrain.testing.rules.compiler import BIN_OPS, compile_rule
 from posttrain.testing.rules.errors import (
     FinitenessCheckFailed,
     MetricsFileError,
@@ -249,13 +250,14 @@ class _Evaluator:
             for operand, operand_node in ((left, left_node), (right, right_node)):
                 if isinstance(operand, float) and not math.isfinite(operand):
                     raise NonFiniteError(f"`{ast.unparse(operand_node)}` is {operand}; never passes")
-            symbol, compare = CMP_OPS[type(op)]
+            comparison = comparisons.of_node(op)
+            symbol = comparison.symbol
             if symbol in ("in", "not in"):
                 self._record(right, left)
             if top:
                 bound_on_left = not _reads_data(left_node) and _reads_data(right_node)
                 self.links.append(Link(left, symbol, right, bound_on_left))
-            if not compare(left, right):
+            if not comparison.holds(left, right):
                 if top:
                     shown = f"{format_value(left)} {symbol} {format_value(right)}"
                     self.failed_link = f"{shown} is False"

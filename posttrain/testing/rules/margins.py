@@ -11,9 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.testing.rules import comparisons
 from posttrain.testing.rules.series import is_number
-
-_ORDER_OPS = {"<", "<=", ">", ">="}
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,8 @@ class Link:
 
 @dataclass(frozen=True)
 class Margin:
-    """The value, its bound, and the relative margin (> 0 passing, < 0 failing; None: no scale)."""
+    """The value, its bound, and the relative margin (> 0 passing, < 0 failing, 0 at the bound: passing
+    only a comparison that is not strict; None: no scale)."""
 
     value: Any
     bound: Any
@@ -43,16 +43,18 @@ def link_margin(link: Link) -> Margin | None:
     """The margin of one link; None for ``==``, ``!=``, ``in``, ``not in`` or non-numbers.
 
     Returns:
-        ``Margin(value, bound, m)`` with ``m = (greater side - smaller side) / |bound|``
-        for the order the operator asks for (``<``: right - left); ``m`` is None when the
-        bound is 0 (a relative margin has no scale there) or a side is not finite.
+        ``Margin(value, bound, m)`` with ``m = slack / |bound|``, the slack the operator's
+        :class:`~.comparisons.Comparison` gives (``<``: right - left): > 0 passing, < 0 failing,
+        0 at the bound (passing only ``<=`` and ``>=``); ``m`` is None when the bound is 0 (a
+        relative margin has no scale there) or a side is not finite.
     """
-    if link.op not in _ORDER_OPS or not (is_number(link.left) and is_number(link.right)):
+    comparison = comparisons.of(link.op)
+    if not comparison.is_order or not (is_number(link.left) and is_number(link.right)):
         return None
     value, bound = (link.right, link.left) if link.bound_on_left else (link.left, link.right)
     if not (math.isfinite(value) and math.isfinite(bound)):
         return None
-    gap = link.right - link.left if link.op in ("<", "<=") else link.left - link.right
+    gap = comparison.slack(link.left, link.right)
     return Margin(value, bound, None if bound == 0 else gap / abs(bound))
 
 

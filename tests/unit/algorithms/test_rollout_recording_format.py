@@ -22,6 +22,8 @@ def step_samples(step: int) -> list[RolloutSample]:
     samples = [s for g in range(P) for s in make_group((step - 1) * P + g, size=G, first_id=(step - 1) * P * G + g * G)]
     for s in samples:
         s["question"], s["batch_index"] = f"{s['answer']} + 0 = ?", step
+        s["completion_ids"] = s["completion_ids"][:2]
+        s["seq_len"] = len(s["prompt_ids"]) + len(s["completion_ids"])
         # float32 values a JSON writer could round: they must read back bit for bit
         s["generation_logprobs"] = [struct.unpack("f", struct.pack("f", -1 / 3 - s["sample_id"] / 7))[0], -1e-8]
     return samples
@@ -62,6 +64,16 @@ def _write(tmp_path: Path, record: object) -> None:
     (lambda r: r.update(completions_per_prompt=8, num_prompts=1), r"was recorded with num_prompts_per_step=1, "
                                                                   r"completions_per_prompt=8; this run has 2, 4"),
     (lambda r: r["samples"].pop(), r"holds 7 samples, not P \* G = 8"),
+    # more samples than the header promises, in whole groups or one: never replayed
+    (lambda r: r["samples"].extend(json.loads(json.dumps(r["samples"][-G:]))), r"holds 12 samples, not P \* G = 8"),
+    (lambda r: r["samples"].append(dict(r["samples"][-1])), r"holds 9 samples, not P \* G = 8"),
+    # a sample's own counts, both ways: one logprob per completion token, seq_len = prompt + completion
+    (lambda r: r["samples"][4]["generation_logprobs"].append(-0.5),
+     r"sample 4: 3 generation_logprobs for 2 completion tokens \(one per token\)"),
+    (lambda r: r["samples"][4]["generation_logprobs"].pop(), r"sample 4: 1 generation_logprobs for 2 completion"),
+    (lambda r: r["samples"][6]["completion_ids"].append(7), r"sample 6: 2 generation_logprobs for 3 completion"),
+    (lambda r: r["samples"][1].update(seq_len=6), r"sample 1: seq_len=6, but it holds 5 prompt \+ completion tokens"),
+    (lambda r: r["samples"][1].update(seq_len=4), r"sample 1: seq_len=4, but it holds 5 prompt"),
     (lambda r: r["samples"][5].pop("reward"), r"sample 5: not a RolloutSample \(fields differ: \['reward'\]\)"),
     (lambda r: r["samples"][2].update(weight_version=True), r"sample 2: weight_version=True is not int"),
     (lambda r: r["samples"][0].update(prompt_ids="1 2 3"), r"sample 0: prompt_ids='1 2 3' is not list"),
@@ -93,3 +105,20 @@ def test_only_whole_groups_are_written(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="step 1: 7 samples are not whole groups of 4"):
         recording.save_step(tmp_path, 1, step_samples(1)[:7], G)
     assert not recording.step_file(tmp_path, 1).exists()
+
+
+def test_a_replayed_prompt_must_be_this_runs_prompt_of_its_question_token_for_token(tmp_path: Path) -> None:
+    """``prompt_of`` (the run's ``ChatEncoder.prompt``) decides: the same number of tokens is not enough."""
+    record = json.loads(recording.save_step(tmp_path, 1, step_samples(1), G).read_text())
+    prompt_of = {s["question"]: s["prompt_ids"] for s in step_samples(1)}.__getitem__
+    assert recording.load_step(tmp_path, 1, P, G, prompt_of) == step_samples(1)
+    for edit, message in [
+        ([1, 2, 4], r"sample 5: its prompt_ids are not this run's prompt of its question \(from token 2: "
+                    r"\[4\] recorded, \[3\] here; recorded with another tokenizer or chat template\?\)$"),  # as long
+        ([1, 2, 3, 4], r"sample 5: .* \(from token 3: \[4\] recorded, \[\] here"),
+        ([1, 2], r"sample 5: .* \(from token 2: \[\] recorded, \[3\] here"),
+    ]:
+        record["samples"][5] |= {"prompt_ids": edit, "seq_len": len(edit) + len(record["samples"][5]["completion_ids"])}
+        _write(tmp_path, record)
+        with pytest.raises(DataError, match=message):
+            recording.load_step(tmp_path, 1, P, G, prompt_of)

@@ -8,7 +8,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from posttrain.utils.checkpoint import COMPLETE, latest_complete, save_step
+import pytest
+
+from posttrain.errors import ConfigError
+from posttrain.utils.checkpoint import COMPLETE, check_written_by, latest_complete, save_step
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -60,3 +63,11 @@ def test_no_directory_and_no_checkpoint_mean_a_fresh_start(tmp_path) -> None:
     (tmp_path / "step_x").mkdir()
     (tmp_path / "notes.txt").write_text("")
     assert latest_complete(tmp_path) is None
+
+
+@pytest.mark.parametrize(("saved", "current"), [(2, 1), (1, 2), (4, 2), (2, 4), (0, 1)])
+def test_a_checkpoint_written_by_more_or_fewer_ranks_than_the_run_has_is_refused_in_one_line(saved, current) -> None:
+    check_written_by("ckpt/step_4", "policy.data_parallel_size", current, current)  # the same count resumes
+    with pytest.raises(ConfigError, match=rf"^checkpoint 'ckpt/step_4' was written with policy.data_parallel_size="
+                                          rf"{saved}; this run has {current} \(resume with the same size\)$"):
+        check_written_by("ckpt/step_4", "policy.data_parallel_size", saved, current)

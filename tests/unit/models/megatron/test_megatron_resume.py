@@ -104,3 +104,35 @@ def test_a_resumed_megatron_grpo_run_logs_what_the_uninterrupted_run_logged(ray_
     assert sorted(map(int, resumed["train/loss"])) == [1, 2, 3, 4]
     assert all(resumed["train/grad_norm"][s] > 0 and resumed["train/kl"][s] > 1e-3 for s in ("3", "4"))
     assert_same_steps(whole, resumed, range(3, 5))
+
+
+@pytest.mark.gpu(1)
+def test_a_checkpoint_of_another_rank_count_is_refused_in_one_line(ray_cluster, tiny_model_path, tmp_path) -> None:
+    """A checkpoint holding the optimizer states of more ranks than the policy has (a tensor-parallel
+    run's, resumed on one GPU) is refused, not half read; so is one holding fewer."""
+    import shutil
+
+    from posttrain.distributed.ray_cluster import RayVirtualCluster
+    from posttrain.errors import ConfigError
+    from posttrain.models.policy.lm_policy import Policy
+    from posttrain.models.policy.megatron_policy_worker import OPTIMIZER_STATE
+
+    cfg = worker_cfg("megatron", lr=1e-2, train_global_batch_size=2, train_micro_batch_size=1)
+    ckpt = tmp_path / "ckpt"
+    cluster = RayVirtualCluster(1, num_cpus=1, num_gpus=1)
+    policy = Policy(cluster, tiny_model_path, cfg, seed=0, bundle_indices=[0])
+    try:
+        policy.wait_ready()
+        policy.save_checkpoint(str(ckpt))
+        rank0 = ckpt / OPTIMIZER_STATE.format(rank=0)
+        shutil.copy(rank0, ckpt / OPTIMIZER_STATE.format(rank=1))  # as if written by 2 ranks
+        with pytest.raises(ConfigError, match=r"was written with policy.megatron.tensor_model_parallel_size x "
+                                              r"pipeline_model_parallel_size=2; this run has 1 "):
+            policy.load_checkpoint(str(ckpt))
+        for rank in (0, 1):
+            (ckpt / OPTIMIZER_STATE.format(rank=rank)).unlink()
+        with pytest.raises(ConfigError, match=r"pipeline_model_parallel_size=0; this run has 1 "):
+            policy.load_checkpoint(str(ckpt))
+    finally:
+        policy.shutdown()
+        cluster.shutdown()

@@ -146,6 +146,30 @@ def test_a_checkpoint_holds_the_adapter_only_and_resumes_exactly(tiny_model_path
     torch.testing.assert_close(resumed.get_weights(), worker.get_weights(), rtol=0, atol=0)
 
 
+def test_a_checkpoint_whose_adapter_lacks_a_tensor_or_has_one_too_many_is_refused(tiny_model_path, tmp_path) -> None:
+    """peft loads whatever tensors it is given: an adapter with one tensor fewer than the policy's
+    would leave that adapter at its fresh initialization, in a run that says it resumed."""
+    from safetensors.torch import load_file, save_file
+
+    worker = lora_worker(tiny_model_path)
+    train_steps(worker, 1)
+    worker.save_checkpoint(str(tmp_path / "ckpt"))
+    weights = tmp_path / "ckpt" / "adapter_model.safetensors"
+    saved = load_file(str(weights))
+    first, last = sorted(saved)[0], sorted(saved)[-1]
+    resumed = lora_worker(tiny_model_path)
+    save_file({k: v for k, v in saved.items() if k != last}, str(weights))
+    with pytest.raises(ConfigError, match=rf"^checkpoint '.*ckpt': its adapter lacks 1 of the policy's adapter "
+                                          rf"tensors \({last.rsplit('.', 1)[0]}\.default\.weight\)$"):
+        resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    save_file({**saved, first.replace("layers.0.", "layers.99."): saved[first].clone()}, str(weights))
+    with pytest.raises(ConfigError, match=r"its adapter has 1 tensors the policy's adapters do not \(.*layers\.99\."):
+        resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    save_file(saved, str(weights))  # the adapter as written: it resumes
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    torch.testing.assert_close(resumed.get_weights(), worker.get_weights(), rtol=0, atol=0)
+
+
 def test_the_export_is_a_plain_model_with_the_merged_weights(tiny_model_path, tmp_path) -> None:
     worker = lora_worker(tiny_model_path)
     train_steps(worker)
@@ -174,7 +198,9 @@ QV = ["q_proj", "v_proj"]
     ({"r": 4, "lora_alpha": 8.0, "target_modules": ["v_proj", "q_proj"]}, RANK, None),
     ({"r": 8, "lora_alpha": 8.0, "target_modules": QV}, RANK, "policy.lora.rank=8, the config says 4"),
     ({"r": 4, "lora_alpha": 16.0, "target_modules": QV}, RANK, "alpha=16.0, the config says 8.0"),
-    ({"r": 4, "lora_alpha": 8.0, "target_modules": ["q_proj"]}, RANK, r"target_modules=\['q_proj'\]"),
+    ({"r": 4, "lora_alpha": 8.0, "target_modules": ["q_proj"]}, RANK, r"target_modules=\['q_proj'\]"),  # fewer
+    ({"r": 4, "lora_alpha": 8.0, "target_modules": [*QV, "k_proj"]}, RANK,  # and more
+     r"target_modules=\['k_proj', 'q_proj', 'v_proj'\], the config says \['q_proj', 'v_proj'\]"),
     (None, RANK, "holds no LoRA adapter"),
     ({"r": 4, "lora_alpha": 8.0, "target_modules": QV}, 0, "holds a LoRA adapter, but policy.lora.rank=0"),
     (None, 0, None),  # full fine-tuning from a full fine-tuning checkpoint
