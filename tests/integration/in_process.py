@@ -12,7 +12,8 @@ and reservation; any worker class runs in it unlisted (its role is read from its
 Why: a short run takes about a second instead of ~12 s of actor start-up, so a test can run
 the loop many times, once per config value it varies, and read what the loop actually fed
 its workers (prompts, sampling parameters, training batches, the loss object) next to the
-weights each step started from. What Ray itself adds (serialization of real actors,
+weights each step started from, and when (each call's start and end, the asynchronous loop's
+buffer and producer calls, each step's log: ``step_timing.py`` bounds the loops' timings by them). What Ray itself adds (serialization of real actors,
 placement, refit through the object store or a broadcast) is tested with real Ray elsewhere
 (``tests/unit/algorithms``, ``tests/integration/test_grpo_loop_refit.py``).
 

@@ -44,10 +44,14 @@ class ShardFaultWorker(HfPolicyWorkerImpl):
 
 
 class ShardFaultTransport(RayTransport):
-    """Ray, with every HF policy worker group made of :class:`ShardFaultWorker`."""
+    """Ray, with every group of a worker class in ``faulty`` made of its faulty subclass (default:
+    the HF policy worker's, :class:`ShardFaultWorker`)."""
+
+    def __init__(self, faulty: dict[Any, type] | None = None):
+        self.faulty = faulty or {HfPolicyWorker: ShardFaultWorker}
 
     def group(self, cluster: Cluster, actor_cls: Any, *args: Any, bundle_indices: Sequence[int] | None = None,
               reserve: bool = True, **kwargs: Any) -> WorkerGroup:
-        if actor_cls is HfPolicyWorker:
-            actor_cls = ray.remote(ShardFaultWorker)
+        if actor_cls in self.faulty:
+            actor_cls = ray.remote(self.faulty[actor_cls])
         return super().group(cluster, actor_cls, *args, bundle_indices=bundle_indices, reserve=reserve, **kwargs)
