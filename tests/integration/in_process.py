@@ -13,9 +13,10 @@ Why: a short run takes about a second instead of ~12 s of actor start-up, so a t
 the loop many times, once per config value it varies, and read what the loop actually fed
 its workers (prompts, sampling parameters, training batches, the loss object) next to the
 weights each step started from, and when (each call's start and end, the asynchronous loop's
-buffer and producer calls, each step's log: ``step_timing.py`` bounds the loops' timings by them). What Ray itself adds (serialization of real actors,
-placement, refit through the object store or a broadcast) is tested with real Ray elsewhere
-(``tests/unit/algorithms``, ``tests/integration/test_grpo_loop_refit.py``).
+buffer and producer calls, each step's log: ``step_timing.py`` bounds the loops' timings by
+them). What Ray itself adds (serialization of real actors, placement, refit through the object
+store or a broadcast) is tested with real Ray elsewhere (``tests/unit/algorithms``,
+``tests/integration/test_grpo_loop_refit.py``).
 
     def test_x(in_process):                      # fixture in tests/integration/conftest.py
         run = in_process.run(grpo, GRPO_YAML, ["grpo.num_steps=2", "generation.backend=hf"])
