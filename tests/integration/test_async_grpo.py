@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from async_jobs import DP, GRPO_YAML, LEARNABLE, LOOP, STEPS, N, P, async_cfg
 from same_run import assert_same_steps
+from step_timing import DELAY_S, assert_async_counts_are_per_step, assert_each_step_timed_alone, at, hold_first
 
 from posttrain.algorithms import async_grpo, grpo, grpo_step
 from posttrain.algorithms.async_actors import RolloutBufferClient, RolloutProducerClient
@@ -153,31 +154,63 @@ def test_a_resumed_async_run_samples_its_first_step_with_the_restored_weights(k0
     assert all(logged["train/loss"][s] == k0["train/loss"][s] for s in ("1", "2"))
 
 
-def test_the_async_loop_runs_in_process_and_at_k_0_trains_as_the_synchronous_loop(in_process, tiny_model_path,
-                                                                                   tmp_path, monkeypatch) -> None:
+def no_ray_actor(*args, **kwargs):
+    raise AssertionError("a Ray actor was started under the in-process transport")
+
+
+def in_process_base(model_path: str) -> list[str]:
+    return [f"model.path={model_path}", *LOOP, *LEARNABLE, "grpo.num_prompts_per_step=4", "data.arithmetic.num_val=8"]
+
+
+@pytest.fixture(scope="module")
+def k1_in_process(tiny_model_path, tmp_path_factory):
+    """The learnable job in process, asynchronous at k = 1, its first sampling call (the producer's)
+    and first train call each held ``DELAY_S`` (``step_timing.py``); no Ray actor may start."""
+    from in_process import InProcess
+
+    from posttrain.distributed import worker_group
+
+    sampling = hold_first(only=lambda call: not call.kwargs["params"].greedy)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(worker_group.RayActor, "__init__", no_ray_actor)
+        return InProcess().run(grpo, GRPO_YAML, [*in_process_base(tiny_model_path), "grpo.async.enabled=true",
+                                                 "grpo.async.max_staleness=1",
+                                                 f"logger.log_dir={tmp_path_factory.mktemp('k1')}"],
+                               {("generation", "generate"): sampling, ("policy", "train"): hold_first()})
+
+
+def test_the_async_loop_runs_in_process_and_at_k_0_trains_as_the_synchronous_loop(in_process, k1_in_process,
+                                                                                   tiny_model_path, tmp_path,
+                                                                                   monkeypatch) -> None:
     """The buffer and the producer are started through the run's transport, as every worker is: under
     the in-process transport the asynchronous loop runs in this process (the producer's sampling
     thread, the buffer's event loop), starting no Ray, and at k = 0 it trains exactly as the
     synchronous loop; at k = 1 its producer samples ahead on its own thread."""
     from posttrain.distributed import worker_group
 
-    def no_ray_actor(*args, **kwargs):
-        raise AssertionError("a Ray actor was started under the in-process transport")
-
     monkeypatch.setattr(worker_group.RayActor, "__init__", no_ray_actor)
-    base = [f"model.path={tiny_model_path}", *LOOP, *LEARNABLE, "grpo.num_prompts_per_step=4",
-            "data.arithmetic.num_val=8"]
+    base = in_process_base(tiny_model_path)
     sync = in_process.run(grpo, GRPO_YAML, [*base, f"logger.log_dir={tmp_path / 'sync'}"])
     k0 = in_process.run(grpo, GRPO_YAML, [*base, "grpo.async.enabled=true", "grpo.async.max_staleness=0",
                                           f"logger.log_dir={tmp_path / 'k0'}"])
     assert k0.cfg.grpo.async_.enabled and not sync.cfg.grpo.async_.enabled
     assert sync.metrics["train/grad_norm"]["3"] > 0  # the weights move: equal runs mean the same training
     assert k0.metrics["async/staleness_max"] == {"1": 0.0, "2": 0.0, "3": 0.0}
+    # k = 0: the producer samples step t + 1 only after step t's refit, so nothing waits in the buffer
+    assert k0.metrics["async/buffer_size"] == {"1": 0.0, "2": 0.0, "3": 0.0}
     prompts = [c.args for c in sync.calls("generation", "generate")]
     assert [c.args for c in k0.calls("generation", "generate")] == prompts
     for key in ("train/reward_mean", "train/completion_length", "train/loss", "train/grad_norm", "train/kl"):
         assert k0.metrics[key] == sync.metrics[key], key
-    k1 = in_process.run(grpo, GRPO_YAML, [*base, "grpo.async.enabled=true", "grpo.async.max_staleness=1",
-                                          f"logger.log_dir={tmp_path / 'k1'}"])
+    k1 = k1_in_process
     assert max(k1.metrics["async/staleness_max"].values()) == 1.0  # sampled ahead, with the older weights
     assert set(k1.metrics["async/dropped_samples"].values()) == {0.0}
+
+
+def test_async_timings_and_counts_measure_each_step_alone(k1_in_process) -> None:
+    """``timing/*``, ``async/overlap_seconds`` and ``async/buffer_size`` of each step of an
+    asynchronous run measure that step, not the run so far (``step_timing.py``): the producer's
+    first batch and the trainer's first update were held, and neither shows up after step 1."""
+    assert_each_step_timed_alone(k1_in_process, "async")
+    assert_async_counts_are_per_step(k1_in_process)
+    assert at(k1_in_process, "timing/train", 1) >= DELAY_S  # the held update counts in its own step

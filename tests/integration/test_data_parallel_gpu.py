@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from data_parallel_jobs import GRPO_YAML, JOB, ONE_STEP, UNEVEN, assert_same_step, replay
+from data_parallel_jobs import GRPO_YAML, JOB, LAYOUTS, UNEVEN, assert_same_step, replay
 from recorded_rollouts import record_varied_rollouts
 
 from posttrain.algorithms import grpo
@@ -29,7 +29,7 @@ ON_GPUS = ["cluster.gpus_per_worker=1", "policy.precision=fp32", "policy.tf32=fa
 
 def test_two_data_parallel_ranks_on_two_gpus_take_the_single_gpus_step(ray_cluster, tiny_model_path,
                                                                        tmp_path: Path) -> None:
-    shape, batches = ONE_STEP["even"]
+    shape, batches = LAYOUTS["even"]
     rollouts = record_varied_rollouts(tmp_path / "rec", [f"model.path={tiny_model_path}", *JOB, *shape])
     one, w_one = replay(tiny_model_path, rollouts, tmp_path / "dp1", "grpo.num_steps=1", *shape, *batches, *ON_GPUS)
     two, w_two = replay(tiny_model_path, rollouts, tmp_path / "dp2", "grpo.num_steps=1", *shape, *batches, *ON_GPUS,

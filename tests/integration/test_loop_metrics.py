@@ -22,6 +22,7 @@ import pytest
 import torch
 from learnable_reward import low_digit_reward
 from replay import ReplayTrainer, TrainerSpec, assert_metrics_match, max_weight_gap, padded, token_logprobs
+from step_timing import DELAY_S, assert_each_step_timed_alone, at, hold_first
 
 from posttrain.algorithms import grpo, grpo_step, sft
 from posttrain.environments.math_verifier import math_reward
@@ -120,9 +121,9 @@ def group_advantages(rewards: list[float], group_size: int) -> list[float]:
     return out
 
 
-def run_grpo(model_path, log_dir, tokenizer, *overrides: str):
+def run_grpo(model_path, log_dir, tokenizer, *overrides: str, transforms: dict | None = None):
     """A 3-step in-process GRPO run (4 prompts x 4 completions, lr 1e-2) under ``engine_transforms``
-    and the low-digit reward, with ``overrides`` on top."""
+    (and ``transforms``) and the low-digit reward, with ``overrides`` on top."""
     with pytest.MonkeyPatch.context() as mp:
         from in_process import InProcess
 
@@ -131,14 +132,16 @@ def run_grpo(model_path, log_dir, tokenizer, *overrides: str):
                 "grpo.num_steps=3", "grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=4",
                 "generation.max_new_tokens=6", "data.arithmetic.num_val=9", "grpo.val_period=0",
                 "policy.lr=1e-2", "generation.refit_probe.max_logprob_error=0.1"]
-        return InProcess().run(grpo, GRPO_YAML, base + list(overrides), engine_transforms(tokenizer))
+        return InProcess().run(grpo, GRPO_YAML, base + list(overrides),
+                               {**engine_transforms(tokenizer), **(transforms or {})})
 
 
 @pytest.fixture(scope="module")
 def grpo_run(tiny_model_path, tmp_path_factory, tokenizer):
-    """Several optimizer steps per train call, with a KL term."""
+    """Several optimizer steps per train call, with a KL term; the first train call held ``DELAY_S``."""
     run = run_grpo(tiny_model_path, tmp_path_factory.mktemp("grpo"), tokenizer, "policy.train_global_batch_size=4",
-                   "policy.train_micro_batch_size=2", "grpo.kl_coef=0.5")
+                   "policy.train_micro_batch_size=2", "grpo.kl_coef=0.5",
+                   transforms={("policy", "train"): hold_first()})
     return run, run.cfg, tiny_model_path
 
 
@@ -347,7 +350,8 @@ def sft_run(tiny_model_path, tmp_path_factory, tokenizer):
                  "data.arithmetic.num_val=9", "policy.lr=1e-2", "policy.warmup_steps=0",
                  "generation.refit_probe.max_logprob_error=0.1",
                  "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2"]
-    run = InProcess().run(sft, SFT_YAML, overrides, engine_transforms(tokenizer))
+    # the first train call held DELAY_S (step_timing.py)
+    run = InProcess().run(sft, SFT_YAML, overrides, {**engine_transforms(tokenizer), ("policy", "train"): hold_first()})
     yield run, run.cfg, tiny_model_path
 
 
@@ -381,3 +385,12 @@ def test_sft_validation_loss_is_the_nll_of_the_held_out_solutions(sft_run) -> No
         with torch.no_grad():
             logprobs = torch.cat(token_logprobs(model, call.args[0], 1.0))
         assert run.metrics["val/loss"][step] == pytest.approx(-float(logprobs.mean()), rel=1e-5), step
+
+
+def test_grpo_and_sft_timings_measure_each_step_alone(grpo_run, sft_run) -> None:
+    """Each step's ``timing/*`` measure that step, not the run so far (``step_timing.py``): the
+    phases add up to at most ``timing/step``, which is at most the time between the step's log and
+    the previous one; the first train call was held, and counts in step 1's train phase only."""
+    for run, loop in ((grpo_run[0], "grpo"), (sft_run[0], "sft")):
+        assert_each_step_timed_alone(run, loop)
+        assert at(run, "timing/train", 1) >= DELAY_S, loop

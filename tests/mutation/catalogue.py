@@ -72,6 +72,11 @@ NODE_PLACEMENT = "tests/unit/distributed/test_node_placement.py"
 STEP_TIME = "tests/unit/models/policy/test_reference_timing.py"
 MICRO_LOSS = "            loss, metrics = self._micro_loss(mb, logprobs, entropy, loss_fn, num_tokens, forward_old)\n"
 MULTINODE = "tests/integration/test_multinode.py"
+DP_STEP = f"{DATA_PARALLEL}.py::test_two_data_parallel_ranks_take_the_single_workers_step"
+DP_FAULT = (f"{DATA_PARALLEL}.py::test_a_call_of_several_optimizer_steps_scores_and_returns_the_old_logprobs_in_"
+            "row_order")
+LOOP_TIMING = f"{LOOP_METRICS}::test_grpo_and_sft_timings_measure_each_step_alone"
+ASYNC_TIMING = f"{ASYNC}::test_async_timings_and_counts_measure_each_step_alone"
 
 # The silent-failure classes (docs/testing.md): "training" is the math of a GRPO step (issue 5);
 # the others are the classes of issue 12.
@@ -100,7 +105,10 @@ CLASSES = ("training", "config", "metrics", "nan", "leakage", "sft-tokens", "sta
            # a count checked one way
            "one-sided-format",
            # a token prefix checked by its length, not its content (the SFT prompt, a replayed prompt)
-           "prefix")
+           "prefix",
+           # an outside catalogue's survivors: a global quantity (a metric, a norm, a decision) taken
+           # from one data-parallel rank's shard or share; a per-step metric read from a running total
+           "global-from-shard", "running-counter")
 
 
 @dataclass(frozen=True)
@@ -1471,4 +1479,41 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/integration/test_rollout_recording.py::"
             "test_a_replay_of_a_recording_whose_prompt_is_not_this_runs_stops_before_training",),
            klass="prefix"),
+    # --- a global quantity from one rank's shard (data parallelism, FSDP2 over gloo) ---------------
+    Mutant("data_parallel_extremes_summed", "the ranks' probability-ratio minima and maxima are summed, not "
+           "reduced by min / max: a step whose ratios all read 1 reports 2",
+           "posttrain/models/policy/base_policy_worker.py",
+           (('for k in keys], "max")', 'for k in keys], "sum")'),), (DP_STEP,), klass="global-from-shard"),
+    Mutant("data_parallel_idle_extremes_zero", "a rank's idle micro-batch reports 0 for every metric, its extremes "
+           "too: the global ratio minimum reads 0", "posttrain/models/policy/base_policy_worker.py",
+           (('math.inf if k.endswith("_min") else -math.inf if k.endswith("_max") else 0.0', "0.0"),), (DP_STEP,),
+           klass="global-from-shard"),
+    Mutant("inf_gradient_step_taken", "only a NaN norm skips the step: an overflowed (+inf) gradient is clipped "
+           "to NaN and applied", HF_WORKER, (("if math.isfinite(grad_norm):", "if not math.isnan(grad_norm):"),),
+           (DP_FAULT,), klass="nan"),
+    # --- a per-step metric read from a running total -----------------------------------------------
+    Mutant("grpo_step_clock_started_once", "timing/step is read from a clock started once before the loop: "
+           "every step reports the run so far", "posttrain/algorithms/grpo.py",
+           (("        for step in range(resumed_at + 1, cfg.grpo.num_steps + 1):\n"
+             "            start = time.perf_counter()\n",
+             "        start = time.perf_counter()\n"
+             "        for step in range(resumed_at + 1, cfg.grpo.num_steps + 1):\n"),),
+           (LOOP_TIMING,), klass="running-counter"),
+    Mutant("timer_pop_keeps_durations", "Timer.pop hands the durations over without resetting them: every "
+           "timing/<phase> adds up the run so far", "posttrain/utils/timer.py",
+           (("        self._durations = {}\n", ""),), (LOOP_TIMING, ASYNC_TIMING), klass="running-counter"),
+    Mutant("async_overlap_from_the_running_total", "async/overlap_seconds is the producer's sampling seconds "
+           "of the whole run, not of this step", "posttrain/algorithms/async_grpo.py",
+           (("max(sampled - sampled_before - waited, 0.0)", "max(sampled - waited, 0.0)"),), (ASYNC_TIMING,),
+           klass="running-counter"),
+    Mutant("producer_clock_started_once", "the producer times its sampling from a clock started once: each batch "
+           "adds the thread's whole life to the sampling seconds", "posttrain/algorithms/rollout_producer.py",
+           (("        batch = self.next_batch\n        try:\n",
+             "        batch = self.next_batch\n        start = time.perf_counter()\n        try:\n"),
+            ("                start = time.perf_counter()\n                rollouts", "                rollouts")),
+           (ASYNC_TIMING,), klass="running-counter"),
+    Mutant("async_buffer_size_counts_every_put", "async/buffer_size counts every sample ever put, not those held",
+           "posttrain/algorithms/async_grpo.py",
+           (("buffer.status().size - len(claimed)", "buffer.status().put_total - len(claimed)"),), (ASYNC_TIMING,),
+           klass="running-counter"),
 )

@@ -241,6 +241,54 @@ def test_pipeline_parallel_2_matches_the_hf_worker(ray_cluster, noisy_tiny) -> N
         (0, [0, 1], 2, True, False), (1, [2, 3], 2, False, True)]
 
 
+@pytest.mark.gpu(2)
+def test_tensor_parallel_2_skips_a_step_whose_gradient_overflowed_in_one_ranks_shard(ray_cluster, noisy_tiny) -> None:
+    """The gradient norm that decides the step is the whole model's: +inf in one element of tensor-
+    parallel rank 1's shard of a split weight (its ``main_grad``, before the step's reductions) must
+    make both ranks skip the step and count it, leaving every shard as it was; the next call trains.
+    A norm over rank 0's shards only (weights not tagged tensor-parallel) would step, and rank 1's
+    shard would turn non-finite. (``shard_fault.py`` does the same to FSDP2's shards on CPU.)"""
+    from integration.shard_fault import ShardFaultTransport
+
+    from posttrain.distributed.ray_cluster import RayVirtualCluster
+    from posttrain.distributed.transport import use_transport
+    from posttrain.models.policy.lm_policy import Policy
+    from posttrain.models.policy.megatron_policy_worker import MegatronPolicyWorker, MegatronPolicyWorkerImpl
+
+    class LastRankOverflow(MegatronPolicyWorkerImpl):
+        faulted = False
+
+        def _optimizer_step(self) -> float:
+            if not self.faulted and self.tp_rank == self.tp - 1:
+                split = next(p for p in self.model.parameters() if getattr(p, "tensor_model_parallel", False))
+                with torch.no_grad():
+                    split.main_grad.view(-1)[0] = math.inf
+            self.faulted = True
+            return super()._optimizer_step()
+
+    kw = dict(lr=LR, train_global_batch_size=8, train_micro_batch_size=4, max_grad_norm=0.5)  # one step a call
+    hf = make_worker("hf", noisy_tiny, **kw)
+    cluster = RayVirtualCluster(2, num_cpus=1, num_gpus=1)
+    with use_transport(ShardFaultTransport({MegatronPolicyWorker: LastRankOverflow})):
+        policy = Policy(cluster, noisy_tiny, worker_cfg("megatron", tensor_parallel=2, **kw), seed=0,
+                        bundle_indices=[0, 1])
+    try:
+        policy.wait_ready()
+        batch = random_batch(hf.model.config.vocab_size)
+        extra = grpo_extra(hf, batch)
+        before = policy.get_weights()
+        skipped = policy.train(batch, extra, ClippedPGLoss(kl_coef=0.1)).metrics
+        assert skipped["skipped_optimizer_steps"] == 1 and not math.isfinite(skipped["grad_norm"]), skipped
+        assert max_gap(before, policy.get_weights()) == 0.0
+        trained = policy.train(batch, extra, ClippedPGLoss(kl_coef=0.1)).metrics
+        assert trained["skipped_optimizer_steps"] == 0 and math.isfinite(trained["grad_norm"]), trained
+        after = policy.get_weights()
+        assert all(torch.isfinite(t).all() for t in after.values()) and max_gap(before, after) > 0.5 * LR
+    finally:
+        policy.shutdown()
+        cluster.shutdown()
+
+
 def matches_the_hf_worker(model_path: str, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                           **megatron_policy: Any) -> list[dict]:
     """Logprobs, reference logprobs, two train calls' metrics and the weights of a Megatron

@@ -311,11 +311,16 @@ def test_a_real_run_with_one_metric_frozen_fails_its_must_move_check(script, rul
 
 
 def grpo_async_script(k: int = 1) -> tuple[dict[str, str], tuple[str, ...]]:
-    """grpo_async.sh's exported bounds (their defaults) and its ``GRPO_EXTRA_RULES`` with ``$k``."""
+    """grpo_async.sh's exported bounds (their defaults) and its ``GRPO_EXTRA_RULES`` with ``$k`` and
+    ``$ahead`` (k steps of the config's prompts x completions)."""
+    import yaml
+
     text = (ROOT / "tests" / "functional" / "grpo_async.sh").read_text()
+    grpo = yaml.safe_load((ROOT / "examples" / "configs" / "grpo_arithmetic.yaml").read_text())["grpo"]
+    ahead = k * grpo["num_prompts_per_step"] * grpo["completions_per_prompt"]
     env = dict(re.findall(r"(\w+)=\$\{\1:-([^}]*)\}", text.split("\nexport ", 1)[1].splitlines()[0]))
     arrays = re.findall(r"GRPO_EXTRA_RULES\+?=\((.*?)\)\n", text, re.S)
-    rules = [r.replace("$k", str(k)) for block in arrays for r in shlex.split(block)]
+    rules = [r.replace("$k", str(k)).replace("$ahead", str(ahead)) for block in arrays for r in shlex.split(block)]
     return env, tuple(rules)
 
 
@@ -324,7 +329,7 @@ class TestGrpoAsyncScript:
         monkeypatch.setenv("COLUMNS", "250")
         env, extra = grpo_async_script()
         assert env == {"PROBS_RATIO_MIN": "0.2", "PROBS_RATIO_MAX": "3", "CLIP_FRACTION_MEAN": "0.11"}
-        assert len(extra) == 4 and any("async/staleness_max" in r for r in extra)
+        assert len(extra) == 5 and any("async/staleness_max" in r for r in extra)
         args = resolved_args("grpo.sh", 300, env, extra)
         code = check_metrics.main([str(FIXTURES / "grpo_async_healthy.json"), *args])
         out = capsys.readouterr().out
@@ -337,8 +342,10 @@ class TestGrpoAsyncScript:
         rows = "".join(failing_rows(capsys.readouterr().out))
         assert code == 1 and 'median(data["train/probs_ratio_min"]) > 0.5' in rows
 
-    @pytest.mark.parametrize(("metric", "value"), [("async/staleness_max", 2.0), ("async/dropped_fraction", 0.25)])
+    @pytest.mark.parametrize(("metric", "value"), [("async/staleness_max", 2.0), ("async/dropped_fraction", 0.25),
+                                                   ("async/buffer_size", 129.0)])
     def test_one_stale_or_dropping_step_fails(self, tmp_path, capsys, monkeypatch, metric, value):
+        """(``async/buffer_size`` 129: one sample more than k = 1 steps of 16 x 8 can be held.)"""
         monkeypatch.setenv("COLUMNS", "250")
         data = json.loads((FIXTURES / "grpo_async_healthy.json").read_text())
         data[metric]["150"] = value
