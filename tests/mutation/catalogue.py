@@ -461,12 +461,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("launchers_copy_aborts", "the launcher's copy of a Ctrl-C (uv run forwards the group's SIGINT 0.2 s "
            "later) counts as a second press: the run aborts with no checkpoint of the step it was on",
            "posttrain/utils/interrupts.py", (("SAME_INTERRUPT_S = 1.0", "SAME_INTERRUPT_S = 0.0"),),
-           ("tests/integration/test_interrupts.py::test_a_launchers_copy_of_the_signal_does_not_abort",), klass="resume"),
+           ("tests/integration/test_interrupts.py::test_a_launchers_copy_of_the_signal_does_not_abort",),
+           klass="resume"),
     Mutant("shutdown_interruptible", "a late copy of the signal while Ray shuts down raises out of the entry point: "
            "a traceback and exit 1 instead of the closing line and 130", "posttrain/utils/cli.py",
            (("    except StopRequested as exc:\n        with signals_held():",
              "    except StopRequested as exc:\n        with contextlib.nullcontext():"),
-            ("from posttrain.errors import PosttrainError", "import contextlib\n\nfrom posttrain.errors import PosttrainError")),
+            ("from posttrain.errors import PosttrainError",
+             "import contextlib\n\nfrom posttrain.errors import PosttrainError")),
            ("tests/unit/utils/test_cli.py::test_a_late_copy_of_the_signal_while_the_run_shuts_down_leaves_the_stop_clean",),
            klass="resume"),
     Mutant("run_job_in_the_foreground", "the functional scripts run their job in the foreground: a SIGTERM to the "
