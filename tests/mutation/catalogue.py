@@ -679,7 +679,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("trainer_ignores_top_k_top_p", "the policy workers are built without generation.top_k / top_p: the "
            "trainer scores the whole tempered vocabulary while the engine samples a truncated one",
            "posttrain/algorithms/runtime.py",
-           (("top_k=generation.top_k, top_p=generation.top_p)", ")"),),
+           (("top_k=sampling.top_k, top_p=sampling.top_p)", ")"),),
            (f"{PLUMBING}[generation.top_k]", f"{PLUMBING}[generation.top_p]"), klass="sampling"),
     Mutant("top_p_before_temperature", "the train step picks the top-p set from the logits before the temperature",
            "posttrain/ops.py",
