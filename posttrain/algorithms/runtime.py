@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.algorithms import checkpointing
-from posttrain.algorithms.unread_keys import check_reads
+from posttrain.algorithms.unread_keys import check_reads, note_reads
 from posttrain.config import (
     ClusterConfig,
     GenerationConfig,
@@ -254,13 +254,15 @@ def open_run(cfg: RunConfig, seed: int, num_steps: int, name: str, with_generati
                                resume_step=start if resume_from is not None else None, num_steps=num_steps,
                                name=name)
         try:
-            check_reads(cfg, rt.config_reads(), at_set_up=True)
+            note_reads(cfg, rt.config_reads())  # what the workers read, into the run's record
+            check_reads(cfg, at_set_up=True)
             yield rt, logger, start
             if cfg.checkpoint.save_path:
                 rt.policy.export(cfg.checkpoint.save_path)
             if any(int(s) > start for series in logger.metrics.values() for s in series):
                 # (a run that ran no step, resumed at its end or stopped at once, read none of its loop's keys)
-                check_reads(cfg, rt.config_reads(), at_set_up=False)
+                note_reads(cfg, rt.config_reads())
+                check_reads(cfg, at_set_up=False)
         finally:
             logger.close()
     finally:

@@ -44,25 +44,25 @@ READ_AFTER_SET_UP: dict[str, str] = {
 }
 
 
-def unread_keys(cfg: BaseModel, reads: Iterable[str], at_set_up: bool) -> list[str]:
-    """``key=value`` of each key ``cfg``'s file or overrides set off its default that neither the
-    driver (``cfg``'s record) nor ``reads`` (the workers') read; ``at_set_up``: but those of
-    :data:`READ_AFTER_SET_UP`. Empty for a config without a record (built, not loaded)."""
+def unread_keys(cfg: BaseModel, at_set_up: bool) -> list[str]:
+    """``key=value`` of each key ``cfg``'s file or overrides set off its default that its record
+    holds no read of (the driver's, and the workers' merged with :func:`note_reads`);
+    ``at_set_up``: but those of :data:`READ_AFTER_SET_UP`. Empty for a config without a record
+    (built, not loaded)."""
     record = record_of(cfg)
     if record is None:
         return []
-    seen = record.read | set(reads)
     return [f"{key}={spelled(value)}" for key, value in record.set_keys.items()
-            if key not in seen and not (at_set_up and key in READ_AFTER_SET_UP)]
+            if key not in record.read and not (at_set_up and key in READ_AFTER_SET_UP)]
 
 
-def check_reads(cfg: BaseModel, reads: Iterable[str], at_set_up: bool) -> None:
+def check_reads(cfg: BaseModel, at_set_up: bool) -> None:
     """Fail on the keys :func:`unread_keys` finds.
 
     Raises:
         ConfigError: one line naming each unread key and its value.
     """
-    unread = unread_keys(cfg, reads, at_set_up)
+    unread = unread_keys(cfg, at_set_up)
     if unread:
         when = "by the end of set-up" if at_set_up else "in the whole run"
         raise ConfigError(f"config keys set but read by nothing {when}: {', '.join(unread)} (this run's backends, "
@@ -70,7 +70,7 @@ def check_reads(cfg: BaseModel, reads: Iterable[str], at_set_up: bool) -> None:
 
 
 def note_reads(cfg: BaseModel, reads: Iterable[str]) -> None:
-    """Add a worker's ``reads`` (one that ends before the run: the rollout producer) to ``cfg``'s record."""
+    """Add the keys workers read (their ``config_reads()``) to ``cfg``'s record."""
     record = record_of(cfg)
     if record is not None:
         record.read.update(reads)
