@@ -28,11 +28,13 @@ _TRACKER = "__config_reads__"
 
 class ReadRecord:
     """The config keys of one run: ``set_keys`` (key -> value: the keys its YAML file and overrides set
-    off their defaults) and ``read`` (the dotted keys read so far)."""
+    off their defaults), ``read`` (the dotted keys read so far) and ``moot`` (keys, or prefixes
+    ending in ``.``, of a part the run chose not to start: no engine, no validation)."""
 
     def __init__(self, set_keys: dict[str, Any] | None = None):
         self.set_keys = dict(set_keys or {})
         self.read: set[str] = set()
+        self.moot: set[str] = set()
 
 
 class _Tracker:

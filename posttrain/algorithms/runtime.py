@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.algorithms import checkpointing
-from posttrain.algorithms.unread_keys import check_reads, note_reads
+from posttrain.algorithms.unread_keys import check_reads, not_started, note_reads
 from posttrain.config import (
     ClusterConfig,
     GenerationConfig,
@@ -255,6 +255,8 @@ def open_run(cfg: RunConfig, seed: int, num_steps: int, name: str, with_generati
                                name=name)
         try:
             note_reads(cfg, rt.config_reads())  # what the workers read, into the run's record
+            if rt.generation is None:
+                not_started(cfg, "generation.")
             check_reads(cfg, at_set_up=True)
             yield rt, logger, start
             if cfg.checkpoint.save_path:

@@ -11,6 +11,10 @@ checked twice (``runtime.open_run``):
   (``ConfigError``, exit 2);
 - at the end of a run that trained at least one step: every key set must have been read, else the
   run fails after its last step, its metrics written (``ConfigError``, exit 2).
+
+The keys of a part the run chose not to start are not checked (:func:`not_started`): the
+``generation`` keys of a run without an engine (SFT validating by loss, a GRPO replay), a replay's
+``grpo.val_period``.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ def unread_keys(cfg: BaseModel, at_set_up: bool) -> list[str]:
     if record is None:
         return []
     return [f"{key}={spelled(value)}" for key, value in record.set_keys.items()
-            if key not in record.read and not (at_set_up and key in READ_AFTER_SET_UP)]
+            if key not in record.read and not (at_set_up and key in READ_AFTER_SET_UP)
+            and not any(key == m or (m.endswith(".") and key.startswith(m)) for m in record.moot)]
 
 
 def check_reads(cfg: BaseModel, at_set_up: bool) -> None:
@@ -67,6 +72,14 @@ def check_reads(cfg: BaseModel, at_set_up: bool) -> None:
         when = "by the end of set-up" if at_set_up else "in the whole run"
         raise ConfigError(f"config keys set but read by nothing {when}: {', '.join(unread)} (this run's backends, "
                           "algorithm and settings do not use them: remove them, or set what they apply to)")
+
+
+def not_started(cfg: BaseModel, *keys: str) -> None:
+    """Say that this run does not start the part ``keys`` configure (a key, or a prefix ending in
+    ``.``: ``generation.`` for a run without an engine): they are not checked."""
+    record = record_of(cfg)
+    if record is not None:
+        record.moot.update(keys)
 
 
 def note_reads(cfg: BaseModel, reads: Iterable[str]) -> None:

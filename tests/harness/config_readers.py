@@ -389,28 +389,26 @@ def runs_of(modules: set[str], graph: dict[str, set[str]], backends: list[Backen
 def unread(table: KeyTable, reads: dict[str, set[str]], runs: dict[str, set[Backend]], backends: list[Backend],
            refused: dict[str, set[Backend]]) -> list[str]:
     """One line per key and backend with which no reader of the key runs and that does not
-    refuse it: ``key: unread on <kind> backend <name> (declared at <path:line (Class.attr)>)``
-    (``reads``: key -> its reading modules; ``refused``: key -> the backends that refuse it).
-    A key read nowhere is one line, ``unread on every backend``."""
-    by_kind = {k: [b for b in backends if b.kind == k] for k in dict.fromkeys(b.kind for b in backends)}
+    refuse it: ``key: unread on <kind> backend <name> (declared at <path:line (Class.attr)>)``;
+    ``unread on every backend`` for a key no code reads and no backend refuses; ``unread on
+    <kind> backend <a> with <kind> backend <b>`` for a pair only. ``reads``: key -> its reading
+    modules; ``runs``: module -> the backends it runs with (:func:`runs_of`); ``refused``: key ->
+    the backends that refuse it."""
+    kinds = dict.fromkeys(b.kind for b in backends)
+    pairs = list(itertools.product(*([b for b in backends if b.kind == k] for k in kinds)))  # one backend per kind
     lines = []
     for key in sorted(table.declared):
-        readers = reads.get(key, set())
-        if not readers and not refused.get(key):
-            lines.append(f"{key}: unread on every backend (declared at {table.declared[key]})")
+        where = f"(declared at {table.declared[key]})"
+        readers, refusing = reads.get(key, set()), refused.get(key, set())
+        if not readers and not refusing:
+            lines.append(f"{key}: unread on every backend {where}")
             continue
-        combos = list(itertools.product(*by_kind.values()))
-        missing = [c for c in combos
-                   if not any(not runs[m] or runs[m] & set(c) for m in readers)
-                   and not set(c) & refused.get(key, set())]
-        for b in backends:  # a backend none of whose runs reads the key
-            if missing and all(c in missing for c in combos if b in c):
-                lines.append(f"{key}: unread on {b.kind} backend {b.name} (declared at {table.declared[key]})")
-        named = {b for b in backends if all(c in missing for c in combos if b in c)}
-        for c in missing:
-            if not set(c) & named:
-                pair = " with ".join(f"{b.kind} backend {b.name}" for b in c)
-                lines.append(f"{key}: unread on {pair} (declared at {table.declared[key]})")
+        missing = [pair for pair in pairs if not set(pair) & refusing
+                   and not any(not runs[m] or runs[m] & set(pair) for m in readers)]
+        whole = [b for b in backends if missing and all(pair in missing for pair in pairs if b in pair)]
+        lines += [f"{key}: unread on {b.kind} backend {b.name} {where}" for b in whole]
+        lines += [f"{key}: unread on {' with '.join(f'{b.kind} backend {b.name}' for b in pair)} {where}"
+                  for pair in missing if not set(pair) & set(whole)]
     return lines
 
 

@@ -416,7 +416,7 @@ def val_loss_size(runner: Runner, _) -> None:
 
 def val_accuracy(runner: Runner, _) -> None:
     """Off, SFT never generates: no engine starts and none is reserved; on, it validates twice."""
-    off = runner.sft("sft.val_accuracy=false", "generation.max_new_tokens=4")  # its default: no engine reads it
+    off = runner.sft("sft.val_accuracy=false")
     assert not runner.validated(off) and "val/accuracy" not in off.metrics
     assert off.workers("generation") == [] and [c.num_bundles for c in off.recorder.clusters] == [1]
     on = runner.sft("sft.val_accuracy=true")

@@ -169,6 +169,14 @@ def test_a_key_only_one_backends_modules_read_is_unread_on_the_other_unless_it_r
     assert planted_check(tmp_path, {"opt.planted": {A, B}, "opt.only_a": {B}}) == []
 
 
+def test_a_key_one_policy_backend_and_one_engine_read_is_unread_on_the_pair_of_the_others(tmp_path) -> None:
+    x, y = cr.Backend("engine", "x", ("pkg.x_engine",)), cr.Backend("engine", "y", ("pkg.y_engine",))
+    modules = {**WORKERS, "pkg.x_engine": "def read(cfg: Opt) -> int:\n    return cfg.only_a\n", "pkg.y_engine": ""}
+    table = cr.key_table([Run], [OptCopy], ROOT)
+    assert cr.check(table, write(tmp_path, modules), [A, B, x, y], {"opt.planted": {A, B}}) == [
+        f"opt.only_a: unread on policy backend b with engine backend y (declared at {declared('only_a')})"]
+
+
 def test_a_module_every_backend_imports_runs_in_every_run(tmp_path) -> None:
     modules = {**WORKERS, "pkg.a_worker": "from pkg import shared\n",
                "pkg.shared": "def read(cfg: Opt) -> int:\n    return cfg.only_a\n"}

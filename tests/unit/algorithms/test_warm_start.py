@@ -15,10 +15,7 @@ from posttrain.errors import ConfigError
 
 YAML = Path(__file__).resolve().parents[3] / "examples" / "configs" / "grpo_arithmetic_warm_start.yaml"
 # A warm start that costs seconds: 2 SFT steps, no engine (no accuracy to stop on).
-# validation by loss only: no engine, so the file's generation.backend (hf) back at its default (a key
-# the run would not read: posttrain/algorithms/unread_keys.py)
-QUICK = ["sft.num_steps=2", "sft.val_accuracy=false", "generation.backend=auto", "sft.stop_at_val_accuracy=null",
-         "cluster.cpus_per_worker=0.5"]
+QUICK = ["sft.num_steps=2", "sft.val_accuracy=false", "sft.stop_at_val_accuracy=null", "cluster.cpus_per_worker=0.5"]
 
 
 def key(*overrides: str) -> str:
