@@ -277,7 +277,6 @@ class PolicyConfig(Section):
         return self
 
 
-
 class PolicyWorkerConfig(PolicyConfig):
     """What a policy worker is built with, across the Ray boundary: the ``policy`` section plus
     three facts of the run - the sampling distribution (temperature, top-k, top-p: logprobs of
@@ -510,7 +509,8 @@ def load_config(path: str | Path, overrides: list[str], schema: type[S]) -> S:
         schema: the top-level pydantic model.
 
     Returns:
-        The validated config.
+        The validated config, with a record of the keys it sets off their defaults and, from now
+        on, of those read through it (:mod:`posttrain.config_reads`).
 
     Raises:
         ConfigError: missing/unparsable file, a malformed override, an unknown key, or a

@@ -5,20 +5,24 @@ known to own that key: ``PolicyConfig`` (the class of the ``policy`` section) or
 it (``PolicyWorkerConfig``, whose ``run_keys`` name the keys its own fields hold). The class of an
 expression comes from what the sources say and mypy checks: a parameter's or a class attribute's
 annotation, ``self.x = <typed>``, ``x = <typed>``, a section's field (``cfg.policy.lora``), a
-section's constructor or ``.of(...)``, ``a or b``. The rule's limits, each on the side of a finding
-rather than a silent pass, except the last two:
+section's constructor or ``.of(...)``, ``a or b``. ``getattr(x, "lr")`` is ``x.lr``. Where the rule
+cannot see a read, it reports a finding (a false alarm, never a silent pass):
 
 - a receiver of unknown class (``cfg: Any``, no annotation) reads nothing;
-- ``getattr(x, "lr")`` is ``x.lr``; ``getattr(x, name)`` with a computed name reads every field;
 - ``model_dump()`` is a copy, not a read (its copy's reads count where it is validated into a
   section again: the worker configs);
 - the methods of a section class (validators, ``of``) read for checking or copying, not for
   use: they read nothing; a *property* reads what its body reads on ``self`` (``cluster.device``
-  reads ``cluster.gpus_per_worker``);
+  reads ``cluster.gpus_per_worker``).
+
+Where it over-counts, a key passes that a run may still not read (the run's own check,
+``posttrain/algorithms/unread_keys.py``, sees those):
+
+- ``getattr(x, name)`` with a computed name reads every field of ``x``;
 - a read counts for every run its module runs in, whatever branch it sits under (a read under
   ``if cfg.backend == "megatron":`` in shared code counts for every backend);
 - a read of a key counts whatever the key's value: ``policy.lora.alpha`` is read by the hf
-  backend even in a run whose ``lora.rank`` is 0 (the run's own check, ``config_reads``, sees that).
+  backend even in a run whose ``lora.rank`` is 0.
 
 A module runs with a backend when that backend's worker module imports it (at its top or inside a
 function, directly or through other modules of the package); a module that no backend's worker
