@@ -301,11 +301,12 @@ def _own_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
 # --- the reads -------------------------------------------------------------------------------
 
 
-def reads_in(tree: ast.Module, typer: Typer) -> Iterator[tuple[str, int]]:
-    """``(key, line)`` of every read of a key in ``tree`` (see the module doc for the rule)."""
+def reads_in(tree: ast.Module, typer: Typer) -> Iterator[tuple[str, int, bool]]:
+    """``(key, line, by a computed name)`` of every read of a key in ``tree`` (see the module doc
+    for the rule; a ``getattr`` with a computed name reads every field of its section)."""
     table = typer.table
 
-    def visit(node: ast.AST, env: Env, cls: str | None) -> Iterator[tuple[str, int]]:
+    def visit(node: ast.AST, env: Env, cls: str | None) -> Iterator[tuple[str, int, bool]]:
         if isinstance(node, ast.ClassDef):
             if node.name in table.sections:
                 return  # validators and copies (``of``): no use of a value
@@ -320,14 +321,13 @@ def reads_in(tree: ast.Module, typer: Typer) -> Iterator[tuple[str, int]]:
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             for owner in typer.expr(node.value, env):
                 for key in table.reads(owner, node.attr):
-                    yield key, node.lineno
+                    yield key, node.lineno, False
         if isinstance(node, ast.Call) and _name(node.func) == "getattr" and len(node.args) >= 2:
             name = node.args[1]
+            literal = isinstance(name, ast.Constant) and isinstance(name.value, str)
             for owner in typer.expr(node.args[0], env):
-                keys = (table.reads(owner, name.value) if isinstance(name, ast.Constant) and isinstance(name.value, str)
-                        else table.all_keys(owner))
-                for key in keys:
-                    yield key, node.lineno
+                for key in table.reads(owner, name.value) if literal else table.all_keys(owner):
+                    yield key, node.lineno, not literal
         for child in ast.iter_child_nodes(node):
             yield from visit(child, env, cls)
 
@@ -416,21 +416,35 @@ def unread(table: KeyTable, reads: dict[str, set[str]], runs: dict[str, set[Back
     return lines
 
 
-def read_sites(sources: dict[str, Path], table: KeyTable) -> tuple[dict[str, set[str]], dict[str, ast.Module]]:
-    """key -> the modules that read it, and the parsed modules, of ``sources`` (module -> path)."""
+@dataclass
+class ReadSites:
+    """What :func:`read_sites` found: ``reads`` (key -> the modules that read it), ``by_name``
+    (``module:line`` of each ``getattr`` by a computed name on a section: it reads every field,
+    so it can hide a key no other code reads) and the parsed ``trees`` (module -> syntax tree)."""
+
+    reads: dict[str, set[str]]
+    by_name: set[str]
+    trees: dict[str, ast.Module]
+
+
+def read_sites(sources: dict[str, Path], table: KeyTable) -> ReadSites:
+    """The reads of the keys in ``sources`` (module -> path)."""
     trees = {name: ast.parse(path.read_text(), str(path)) for name, path in sources.items()}
     typer = Typer(table, trees)
-    reads: dict[str, set[str]] = {}
+    found = ReadSites({}, set(), trees)
     for name, tree in trees.items():
-        for key, _line in reads_in(tree, typer):
-            reads.setdefault(key, set()).add(name)
-    return reads, trees
+        for key, line, by_name in reads_in(tree, typer):
+            found.reads.setdefault(key, set()).add(name)
+            if by_name:
+                found.by_name.add(f"{name}:{line}")
+    return found
 
 
 def check(table: KeyTable, sources: dict[str, Path], backends: list[Backend],
           refused: dict[str, set[Backend]]) -> list[str]:
     """The unread keys (:func:`unread`) of ``sources`` (module -> path)."""
-    reads, trees = read_sites(sources, table)
+    sites = read_sites(sources, table)
+    reads, trees = sites.reads, sites.trees
     modules = set(trees)
     graph = {name: imports_of(name, tree, modules) for name, tree in trees.items()}
     for b in backends:

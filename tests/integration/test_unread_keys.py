@@ -37,7 +37,8 @@ def base(tiny_model_path, tmp_path) -> list[str]:
     return [f"model.path={tiny_model_path}", f"logger.log_dir={tmp_path / 'logs'}", "sft.num_steps=1",
             "sft.batch_size=8", "sft.val_period=0", "sft.val_loss_size=6", "data.arithmetic.num_val=6",
             "generation.max_new_tokens=3", "policy.train_global_batch_size=8", "policy.train_micro_batch_size=8",
-            "generation.backend=hf"]
+            # in this process a refit cannot broadcast (in_process.py): a run that got past set-up ends fast
+            "generation.backend=hf", "generation.refit_transport=object_store"]
 
 
 def test_a_planted_key_no_code_reads_stops_the_run_at_set_up_in_one_line_with_exit_2(base, capsys) -> None:

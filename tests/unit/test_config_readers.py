@@ -99,6 +99,14 @@ def test_every_config_key_is_read_or_refused_on_every_backend(project) -> None:
     assert unread == [], "config keys no code of a backend reads, and the backend accepts:\n" + "\n".join(unread)
 
 
+def test_only_the_tiny_models_fingerprint_reads_a_section_by_computed_names(project) -> None:
+    """A ``getattr`` by a computed name counts as a read of every field of its section: outside the
+    fingerprint (which hashes every field: a cached build is one of them all) it could hide a key
+    no code uses. A check that reads keys to refuse them reads a copy (``model_dump()``)."""
+    table, sources, _ = project
+    assert {site.split(":")[0] for site in cr.read_sites(sources, table).by_name} == {"posttrain.models.tiny"}
+
+
 # --- the checker on a planted schema and planted code ---------------------------------------------
 
 
@@ -202,5 +210,4 @@ def test_a_module_every_backend_imports_runs_in_every_run(tmp_path) -> None:
 ])
 def test_what_counts_as_a_read(tmp_path, code: str, read: set[str]) -> None:
     table = cr.key_table([Run], [OptCopy], ROOT)
-    reads, _ = cr.read_sites(write(tmp_path, {"pkg.m": code}), table)
-    assert set(reads) == read
+    assert set(cr.read_sites(write(tmp_path, {"pkg.m": code}), table).reads) == read

@@ -141,8 +141,9 @@ def check_engine_keys(cfg: GenerationConfig, backend: str) -> None:
     Raises:
         ConfigError: one line naming the key, its value and the backend.
     """
+    values = cfg.model_dump()  # a copy: refusing a key is no use of it (posttrain.config_reads)
     for key in BACKENDS[backend].refuses:
-        value, default = getattr(cfg, key), GenerationConfig.model_fields[key].default
+        value, default = values[key], GenerationConfig.model_fields[key].default
         if value != default:
             raise ConfigError(f"generation.{key}={spelled(value)} is not read by the {backend} engine (its "
                               f"{BACKENDS[backend].who} have no such setting): leave it at {spelled(default)} or "
