@@ -441,9 +441,10 @@ def read_sites(sources: dict[str, Path], table: KeyTable) -> ReadSites:
 
 
 def check(table: KeyTable, sources: dict[str, Path], backends: list[Backend],
-          refused: dict[str, set[Backend]]) -> list[str]:
-    """The unread keys (:func:`unread`) of ``sources`` (module -> path)."""
-    sites = read_sites(sources, table)
+          refused: dict[str, set[Backend]], sites: ReadSites | None = None) -> list[str]:
+    """The unread keys (:func:`unread`) of ``sources`` (module -> path; ``sites``: their
+    :func:`read_sites`, if found already)."""
+    sites = sites or read_sites(sources, table)
     reads, trees = sites.reads, sites.trees
     modules = set(trees)
     graph = {name: imports_of(name, tree, modules) for name, tree in trees.items()}

@@ -81,21 +81,21 @@ def rejects(backend: cr.Backend, key: str, value: Any) -> bool:
 
 
 @pytest.fixture(scope="module")
-def project() -> tuple[cr.KeyTable, dict[str, Path], list[cr.Backend]]:
+def project() -> tuple[cr.KeyTable, dict[str, Path], list[cr.Backend], cr.ReadSites]:
     table = cr.key_table(SCHEMAS, (PolicyWorkerConfig, GenerationWorkerConfig), ROOT)
     sources = {cr.module_name(p, ROOT): p for folder in ("posttrain", "examples")
                for p in sorted((ROOT / folder).rglob("*.py"))}
-    return table, sources, project_backends()
+    return table, sources, project_backends(), cr.read_sites(sources, table)
 
 
 def test_every_config_key_is_read_or_refused_on_every_backend(project) -> None:
-    table, sources, backends = project
+    table, sources, backends, sites = project
     fields = {key: info for schema in SCHEMAS for key, info in leaf_fields(schema)}
     refused: dict[str, set[cr.Backend]] = {key: set() for key in fields}
     for kind in ("policy", "engine"):
         for key, by in cr.refusals(fields, [b for b in backends if b.kind == kind], rejects).items():
             refused[key] |= by
-    unread = cr.check(table, sources, backends, refused)
+    unread = cr.check(table, sources, backends, refused, sites)
     assert unread == [], "config keys no code of a backend reads, and the backend accepts:\n" + "\n".join(unread)
 
 
@@ -103,8 +103,7 @@ def test_only_the_tiny_models_fingerprint_reads_a_section_by_computed_names(proj
     """A ``getattr`` by a computed name counts as a read of every field of its section: outside the
     fingerprint (which hashes every field: a cached build is one of them all) it could hide a key
     no code uses. A check that reads keys to refuse them reads a copy (``model_dump()``)."""
-    table, sources, _ = project
-    assert {site.split(":")[0] for site in cr.read_sites(sources, table).by_name} == {"posttrain.models.tiny"}
+    assert {site.split(":")[0] for site in project[3].by_name} == {"posttrain.models.tiny"}
 
 
 # --- the checker on a planted schema and planted code ---------------------------------------------
