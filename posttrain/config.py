@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
 import yaml
 from omegaconf import OmegaConf
@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
+from posttrain.config_reads import ReadRecord, Tracked, track_copy, track_reads, untracked
 from posttrain.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -26,15 +27,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 GSM8K_DIR = REPO_ROOT / "data" / "gsm8k"
 
 
-class Section(BaseModel):
+class Section(Tracked):
     """Base of every config section: unknown keys are rejected and values are not coerced
     (strict mode: ``true`` is not an int, ``"3"`` is not a number; YAML and the command line
-    already give typed scalars, and an int is accepted where a float is expected)."""
+    already give typed scalars, and an int is accepted where a float is expected). A loaded
+    config records which keys the run reads (:mod:`posttrain.config_reads`)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class TinyModelConfig(BaseModel):
+class TinyModelConfig(Tracked):
     """Shape of a tiny Qwen2 model built locally (``posttrain.models.tiny``; defaults: ~0.6M
     parameters with the arithmetic charset). Frozen: its fingerprint keys the build cache."""
 
@@ -91,6 +93,15 @@ class MegatronConfig(Section):
         return self
 
 
+def spelled(value: object) -> str:
+    """``value`` as a ``key=value`` override spells it: ``true``, ``[q_proj,v_proj]``, ``0.5``."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return f"[{','.join(map(spelled, value))}]"
+    return "null" if value is None else str(value)
+
+
 Precision = Literal["fp32", "bf16", "bf16-mixed"]
 RefitTransport = Literal["auto", "object_store"]
 
@@ -125,6 +136,16 @@ class LoraConfig(Section):
     target_modules: list[str] = Field(
         LORA_TARGETS_ALL_LINEAR, min_length=1, description="names of the linear layers that get adapters"
     )
+
+
+# The policy keys (a leaf, or a section: each of its keys) only one backend reads, the one place that
+# refuses them off their default with the other backend: key -> (the backend, why).
+BACKEND_KEYS: dict[str, tuple[str, str]] = {
+    "compile": ("hf", "it compiles a transformers model"),
+    "fused_rms_norm": ("hf", "it swaps transformers' RMSNorm modules; megatron-core builds its own norms"),
+    "lora": ("hf", "LoRA is built on peft over a transformers model"),
+    "megatron": ("megatron", "the layout of a megatron-core model"),
+}
 
 
 class PolicyConfig(Section):
@@ -203,10 +224,20 @@ class PolicyConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _compile_on_hf_only(self) -> PolicyConfig:
-        if self.compile and self.backend != "hf":
-            raise ValueError(f"compile=true needs backend=hf (it compiles a transformers model), got "
-                             f"backend={self.backend}")
+    def _keys_of_one_backend(self) -> PolicyConfig:
+        # BACKEND_KEYS: a key (or every key of a section) that only one backend reads, off its
+        # default with the other backend
+        for key, (owner, why) in BACKEND_KEYS.items():
+            if self.backend == owner:
+                continue
+            section = getattr(self, key)
+            values = ([(f"{key}.{name}", getattr(section, name), field.default)
+                       for name, field in type(section).model_fields.items()]
+                      if isinstance(section, BaseModel) else [(key, section, type(self).model_fields[key].default)])
+            for name, value, default in values:
+                if value != default:
+                    raise ValueError(f"{name}={spelled(value)} needs backend={owner} ({why}), got "
+                                     f"backend={self.backend}")
         return self
 
     @model_validator(mode="after")
@@ -245,13 +276,6 @@ class PolicyConfig(Section):
                 raise ValueError(f"data_parallel_size={dp} cannot be combined with {other}")
         return self
 
-    @model_validator(mode="after")
-    def _lora_on_hf_only(self) -> PolicyConfig:
-        if self.lora.rank > 0 and self.backend != "hf":
-            raise ValueError(f"lora.rank={self.lora.rank} needs backend=hf (LoRA is built on peft over a "
-                             f"transformers model), got backend={self.backend}")
-        return self
-
 
 class PolicyWorkerConfig(PolicyConfig):
     """What a policy worker is built with, across the Ray boundary: the ``policy`` section plus
@@ -265,6 +289,11 @@ class PolicyWorkerConfig(PolicyConfig):
     device: Literal["cpu", "cuda"] = Field("cpu", description="cuda when the workers hold GPUs")
     reference: bool = Field(True, description="keep a frozen copy of the initial policy, the KL term's reference "
                             "(false for a run that never scores it: GRPO at kl_coef 0, SFT)")
+    # The run's config keys each field copies (the others: ``policy.<field>``); a read of the field
+    # is a read of them (posttrain.config_reads, tests/unit/test_config_readers.py).
+    run_keys: ClassVar[dict[str, tuple[str, ...]]] = {
+        "temperature": ("generation.temperature",), "top_k": ("generation.top_k",), "top_p": ("generation.top_p",),
+        "device": ("cluster.gpus_per_worker",), "reference": ()}
 
     @classmethod
     def of(cls, policy: PolicyConfig, temperature: float, device: str, reference: bool = True, top_k: int = 0,
@@ -272,8 +301,10 @@ class PolicyWorkerConfig(PolicyConfig):
         """``policy`` with the run's sampling ``temperature``, ``top_k`` and ``top_p``, ``device``
         and whether it needs a ``reference`` policy (workers read the precision as
         :attr:`resolved_precision`)."""
-        return cls.model_validate({**policy.model_dump(), "temperature": temperature, "top_k": top_k,
-                                   "top_p": top_p, "device": device, "reference": reference})
+        cfg = cls.model_validate({**policy.model_dump(), "temperature": temperature, "top_k": top_k,
+                                  "top_p": top_p, "device": device, "reference": reference})
+        track_copy(cfg, policy)  # the worker's reads of its copy are reads of the run's keys
+        return cfg
 
     @property
     def resolved_precision(self) -> Precision:
@@ -315,9 +346,11 @@ class GenerationConfig(Section):
     top_k: int = Field(0, ge=0)
     max_new_tokens: int = Field(4, ge=1)
     num_workers: int = Field(1, ge=1)
-    num_threads: int = Field(1, ge=1, description="torch CPU threads of an hf worker")
-    max_model_len: int | None = Field(None, ge=2, description="vLLM: prompt + completion tokens; null: the model's")
-    max_num_seqs: int = Field(256, ge=1, description="vLLM: sequences in flight per engine (sizes the KV cache)")
+    num_threads: int = Field(1, ge=1, description="torch CPU threads of an hf or megatron engine (vllm: refused)")
+    max_model_len: int | None = Field(None, ge=2, description="vLLM: prompt + completion tokens; null: the model's "
+                                      "(the other engines refuse it)")
+    max_num_seqs: int = Field(256, ge=1, description="vLLM: sequences in flight per engine (sizes the KV cache; the "
+                              "other engines refuse it)")
     refit_transport: RefitTransport = Field(
         "auto", description="how a refit moves the weights. auto: CUDA IPC when every engine holds the policy's GPU, "
         "else a broadcast from the policy worker (NCCL between GPUs, gloo between CPUs); object_store: through "
@@ -373,7 +406,7 @@ class GenerationWorkerConfig(Section):
 
     device: Literal["cpu", "cuda"] = "cpu"
     seed: int = Field(0, description="vLLM's engine seed (sampling streams come from SamplingParams.seed)")
-    num_threads: int = Field(1, ge=1, description="hf: torch CPU threads")
+    num_threads: int = Field(1, ge=1, description="hf and megatron: torch CPU threads")
     max_model_len: int | None = Field(None, ge=2, description="vLLM: prompt + completion tokens; null: the model's")
     max_num_seqs: int = Field(256, ge=1, description="vLLM: sequences in flight (sizes the KV cache)")
     sleep_when_idle: bool = Field(False, description="vLLM on a GPU, colocated: free the memory between calls")
@@ -381,6 +414,13 @@ class GenerationWorkerConfig(Section):
     tf32: bool = Field(True, description="float32 on CUDA: TF32 matmuls (policy.tf32, as the trainer)")
     refit_transport: RefitTransport = Field("auto", description="generation.refit_transport (read by the driver)")
     refit_bucket_mb: int = Field(512, ge=1, description="generation.refit_bucket_mb (read by the driver)")
+    # The run's config keys each field copies: a read of the field is a read of them.
+    run_keys: ClassVar[dict[str, tuple[str, ...]]] = {
+        "device": ("cluster.gpus_per_worker",), "seed": ("grpo.seed", "sft.seed"),
+        "num_threads": ("generation.num_threads",), "max_model_len": ("generation.max_model_len",),
+        "max_num_seqs": ("generation.max_num_seqs",), "sleep_when_idle": ("generation.colocated",),
+        "dtype": ("policy.precision",), "tf32": ("policy.tf32",), "refit_transport": ("generation.refit_transport",),
+        "refit_bucket_mb": ("generation.refit_bucket_mb",)}
 
     @classmethod
     def of(cls, generation: GenerationConfig, cluster: ClusterConfig, seed: int,
@@ -388,12 +428,13 @@ class GenerationWorkerConfig(Section):
         """The worker config of a run: ``generation``'s keys, ``cluster``'s device, the run's
         ``seed``, and the dtype and TF32 setting of a policy of (resolved) ``precision`` and
         ``tf32`` (:func:`engine_dtype`)."""
-        return cls(device=cluster.device, seed=seed, num_threads=generation.num_threads, dtype=engine_dtype(precision),
-                   tf32=tf32,
-                   max_model_len=generation.max_model_len,
-                   max_num_seqs=generation.max_num_seqs,
-                   refit_transport=generation.refit_transport, refit_bucket_mb=generation.refit_bucket_mb,
-                   sleep_when_idle=generation.colocated and cluster.device != "cpu")
+        gen, where = untracked(generation), untracked(cluster)  # a copy: the engines' reads of it count
+        cfg = cls(device=where.device, seed=seed, num_threads=gen.num_threads, dtype=engine_dtype(precision), tf32=tf32,
+                  max_model_len=gen.max_model_len, max_num_seqs=gen.max_num_seqs,
+                  refit_transport=gen.refit_transport, refit_bucket_mb=gen.refit_bucket_mb,
+                  sleep_when_idle=gen.colocated and where.device != "cpu")
+        track_copy(cfg, generation)
+        return cfg
 
 
 class LoggerConfig(Section):
@@ -468,7 +509,8 @@ def load_config(path: str | Path, overrides: list[str], schema: type[S]) -> S:
         schema: the top-level pydantic model.
 
     Returns:
-        The validated config.
+        The validated config, with a record of the keys it sets off their defaults and, from now
+        on, of those read through it (:mod:`posttrain.config_reads`).
 
     Raises:
         ConfigError: missing/unparsable file, a malformed override, an unknown key, or a
@@ -489,9 +531,28 @@ def load_config(path: str | Path, overrides: list[str], schema: type[S]) -> S:
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path} must be a mapping at the top level")
     try:
-        return schema.model_validate(raw)
+        cfg = schema.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_format_error(exc)) from None
+    track_reads(cfg, ReadRecord(set_off_default(cfg, raw)))
+    return cfg
+
+
+def set_off_default(cfg: BaseModel, raw: dict) -> dict[str, object]:
+    """``key -> value`` of each leaf key ``raw`` (the YAML file with the overrides) sets to a value
+    other than its default in ``cfg`` (a key set to its default asks for nothing a run could miss)."""
+    dumped = untracked(cfg).model_dump(by_alias=True)
+    found: dict[str, object] = {}
+    for key, field in leaf_fields(type(cfg)):
+        given, value = raw, dumped
+        for part in key.split("."):
+            if not isinstance(given, dict) or part not in given:
+                break
+            given, value = given[part], value[part]
+        else:
+            if value != field.get_default(call_default_factory=True):
+                found[key] = value
+    return found
 
 
 def check_output_paths(cfg: RunConfig) -> None:

@@ -77,6 +77,10 @@ class RolloutProducerClient:
         """Sample again, up to step ``trained + 1 + max_staleness``."""
         self.actor.call("resume", trained)
 
+    def config_reads(self) -> frozenset[str]:
+        """The config keys the producer read through its copy of the run's config."""
+        return self.actor.call("config_reads")
+
     def kill(self) -> None:
         """End the actor and its sampling thread."""
         self.actor.kill()

@@ -33,6 +33,7 @@ from posttrain.algorithms.grpo_config import GRPOMasterConfig
 from posttrain.algorithms.grpo_step import learn, to_rollouts, validate
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.runtime import open_run
+from posttrain.algorithms.unread_keys import note_reads
 from posttrain.data.datasets import load_problems
 from posttrain.errors import BufferTimeoutError, ConfigError
 from posttrain.models.generation.backends import serves_in_place
@@ -148,6 +149,7 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
                 metrics.update(rt.resource_metrics(timer, start, trained))
                 logger.log(metrics, step)
                 checkpointing.after_step(rt.policy, cfg, step, cfg.grpo.num_steps)
+            note_reads(cfg, producer.config_reads())  # the producer ends before the run's check
         finally:
             producer.kill()
             buffer.kill()

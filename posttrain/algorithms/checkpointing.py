@@ -49,7 +49,8 @@ def find_resume(cfg: CheckpointConfig) -> Path | None:
 def is_due(step: int, cfg: CheckpointConfig, num_steps: int) -> bool:
     """Whether to write a checkpoint after ``step``: every ``save_period`` steps and after the
     last step, when ``dir`` is set."""
-    return cfg.dir is not None and (step == num_steps or (cfg.save_period > 0 and step % cfg.save_period == 0))
+    # save_period is read before the last-step test: a resumed run whose only step is the last read it too
+    return cfg.dir is not None and ((cfg.save_period > 0 and step % cfg.save_period == 0) or step == num_steps)
 
 
 def save(policy: Any, run_cfg: Any, step: int) -> Path:

@@ -36,6 +36,7 @@ from posttrain.algorithms.grpo_step import (
 )
 from posttrain.algorithms.loss_functions import ClippedPGLoss
 from posttrain.algorithms.runtime import open_run
+from posttrain.algorithms.unread_keys import not_started
 from posttrain.data.datasets import load_problems
 from posttrain.data.sampler import EpochSampler
 from posttrain.utils.timer import Timer
@@ -56,6 +57,7 @@ def train(cfg: GRPOMasterConfig) -> dict[str, dict[str, float]]:
         return async_grpo.train(cfg)
     g, replay = cfg.grpo.completions_per_prompt, cfg.grpo.load_rollouts
     if replay is not None:
+        not_started(cfg, "grpo.val_period")  # a replay validates nothing (and starts no engine)
         recording.check_recording(replay, range(1, cfg.grpo.num_steps + 1))
         print(f"GRPO: training on the rollouts recorded in {replay} (no engine: nothing is refit or validated)",
               flush=True)

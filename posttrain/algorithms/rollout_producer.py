@@ -23,13 +23,15 @@ import threading
 import time
 from typing import Any
 
+from posttrain.algorithms.grpo_config import GRPOMasterConfig
 from posttrain.algorithms.grpo_step import generate_rollouts, score_rollouts, to_samples
+from posttrain.config_reads import ReadsConfig
 from posttrain.data.sampler import EpochSampler
 from posttrain.data.types import MathProblem
 from posttrain.errors import PosttrainError, ProducerError
 
 
-class RolloutProducer:
+class RolloutProducer(ReadsConfig):
     """Samples GRPO batches ``first_batch, first_batch + 1, ...`` into ``buffer``.
 
     Args:
@@ -41,7 +43,7 @@ class RolloutProducer:
         first_batch: the first step to sample for (``resumed_at + 1``).
     """
 
-    def __init__(self, engine: Any, buffer: Any, model_path: str, problems: list[MathProblem], cfg: Any,
+    def __init__(self, engine: Any, buffer: Any, model_path: str, problems: list[MathProblem], cfg: GRPOMasterConfig,
                  first_batch: int):
         from transformers import AutoTokenizer
 

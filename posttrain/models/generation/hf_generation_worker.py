@@ -32,7 +32,7 @@ class HfGenerationWorkerImpl(EngineWorker):
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
-        cfg = cfg or GenerationWorkerConfig()
+        self.cfg = cfg = cfg or GenerationWorkerConfig()
         hf_logging.disable_progress_bar()
         torch.set_num_threads(cfg.num_threads)
         self.device = torch.device(cfg.device)

@@ -79,6 +79,10 @@ class Generation(RefitTarget, Protocol):
         """The node each engine runs on (Ray's node id), in rank order."""
         ...
 
+    def config_reads(self) -> frozenset[str]:
+        """The run's config keys the engines read so far (``posttrain.config_reads``)."""
+        ...
+
     def shutdown(self) -> None:
         """Stop the engine's workers (their reserved resources stay with the cluster)."""
         ...

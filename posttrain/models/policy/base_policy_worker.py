@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from posttrain.config import PolicyWorkerConfig, engine_dtype
+from posttrain.config_reads import ReadsConfig
 from posttrain.data.batch import TokenBatch
 from posttrain.models.policy.interfaces import LossFn, Metrics
 from posttrain.ops import compute_logprobs, compute_logprobs_and_entropy, masked_sum
@@ -53,7 +54,7 @@ class MicroBatch:
     idle: bool = False
 
 
-class PolicyWorkerBase(WeightSender):
+class PolicyWorkerBase(WeightSender, ReadsConfig):
     """Logprobs and the train step over a backend's model; the refit's sending side is
     inherited (``weight_sync.sender.WeightSender``).
 

@@ -231,5 +231,9 @@ class Policy:
         """The node each policy worker runs on (Ray's node id), in rank order."""
         return self.group.node_ids()
 
+    def config_reads(self) -> frozenset[str]:
+        """The run's config keys the policy workers read so far (``posttrain.config_reads``)."""
+        return frozenset().union(*self.group.run_all("config_reads"))
+
     def shutdown(self) -> None:
         self.group.shutdown()

@@ -7,6 +7,7 @@ import pytest
 
 from posttrain.algorithms import grpo, sft
 from posttrain.config import load_config
+from posttrain.config_reads import record_of
 
 REQUIRED_GRPO = ["train/loss", "train/reward_mean", "train/accuracy", "train/kl", "train/grad_norm",
                  "train/entropy", "train/probs_ratio_min", "train/probs_ratio_max", "train/clip_fraction",
@@ -38,6 +39,9 @@ def test_grpo_loop_logs_every_step(ray_cluster, small, tmp_path):
     assert max(metrics["train/token_mult_prob_error"].values()) < 1.001
     assert (tmp_path / "final" / "config.json").is_file()
     assert (tmp_path / "final" / "tokenizer.json").is_file()
+    # the run checked that it read every key it was given, the actors' reads come back over Ray:
+    # train_micro_batch_size is read only inside the policy actor (posttrain/config_reads.py)
+    assert "policy.train_micro_batch_size" in record_of(cfg).read  # type: ignore[union-attr]
 
 
 def test_sft_loop_learns(ray_cluster, small, tmp_path):

@@ -230,5 +230,9 @@ class InPlaceMegatronEngine:
         """The policy's workers' nodes: they are the engine."""
         return self.policy.node_ids()
 
+    def config_reads(self) -> frozenset[str]:
+        """Nothing of its own: the policy's workers are the engine (``Policy.config_reads``)."""
+        return frozenset()
+
     def shutdown(self) -> None:
         """Nothing to stop: the policy's workers are the engine (``Policy.shutdown`` stops them)."""

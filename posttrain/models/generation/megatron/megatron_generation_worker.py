@@ -41,10 +41,11 @@ class MegatronGenerationWorkerImpl(EngineWorker):
         from posttrain.models.megatron.conversion import GPTShape, read_hf_weights
         from posttrain.models.megatron.inference import MegatronSampler
 
-        cfg = cfg or GenerationWorkerConfig()
+        self.cfg = cfg = cfg or GenerationWorkerConfig()
         if not torch.cuda.is_available():
             raise RuntimeError("generation.backend=megatron needs a GPU: megatron-core's forward pass is CUDA-only")
         hf_logging.disable_progress_bar()
+        torch.set_num_threads(cfg.num_threads)  # as the megatron policy worker sets policy.num_threads
         self.rank, self.version = rank, 0
         precision: mc.Precision = "bf16-mixed" if cfg.dtype == "bfloat16" else "fp32"
         use_tf32_for_fp32("cuda", precision == "fp32" and cfg.tf32)  # as the policy worker does

@@ -66,7 +66,8 @@ def test_pipeline_stages_take_a_worker_each_and_a_whole_gpu(monkeypatch) -> None
     assert num_policy_workers(layout) == 6
     assert num_policy_workers(PolicyConfig.model_validate({"backend": "megatron",
                                                            "megatron": {"pipeline_model_parallel_size": 2}})) == 2
-    assert num_policy_workers(PolicyConfig.model_validate({"megatron": {"pipeline_model_parallel_size": 2}})) == 1
+    with pytest.raises(ValueError, match="megatron.pipeline_model_parallel_size=2 needs backend=megatron"):
+        PolicyConfig.model_validate({"megatron": {"pipeline_model_parallel_size": 2}})  # hf: refused, not ignored
     with pytest.raises(ConfigError, match=re.escape(
             "policy.megatron.tensor_model_parallel_size=2 x pipeline_model_parallel_size=3 (6 ranks) needs a whole "
             "GPU per rank, but cluster.gpus_per_worker=0.5")):
