@@ -107,3 +107,15 @@ def test_a_whole_tier_catch_counts_only_if_the_test_passes_without_the_mutant(tm
         with pytest.raises(MutationError, match="tests/x.py::test_y failed, but it fails without the mutant too"):
             run_mutants.confirm_catch(tmp_path, target, "original", MUTANTS[0], "tests/x.py::test_y")
     assert seen == ["original"] and target.read_text() == "mutated"
+
+
+def test_the_catalogues_own_check_never_counts_as_a_catch(tmp_path) -> None:
+    """It fails on every mutant (the anchor is gone from the sources): in a whole-tier run it would
+    report any mutant caught. The runner leaves it out; a tier of nothing else selects no test."""
+    from run_mutants import CATALOGUE_CHECK, run_pytest
+
+    (tmp_path / CATALOGUE_CHECK).parent.mkdir(parents=True)
+    (tmp_path / CATALOGUE_CHECK).write_text("def test_every_anchor_occurs_exactly_once():\n    assert False\n")
+    (tmp_path / "tests" / "unit" / "test_behaviour.py").write_text("def test_still_right():\n    pass\n")
+    code, output = run_pytest(tmp_path, ["tests/unit"], attempts=1)
+    assert code == 0, output  # the behaviour test ran and passed; the catalogue's check did not run
