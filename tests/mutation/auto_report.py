@@ -43,9 +43,10 @@ MODULES: dict[str, tuple[str, ...]] = {
     "advantages": ("posttrain/algorithms/advantages.py",),
     "batch": ("posttrain/data/batch.py",),
     "rollouts": ("posttrain/rollouts",),
+    "environments": ("posttrain/environments",),
 }
 # smallest first, the order run_auto.sh runs them in
-DEFAULT_ORDER = ("advantages", "batch", "loss_functions", "ops", "rollouts", "rules")
+DEFAULT_ORDER = ("advantages", "batch", "loss_functions", "ops", "rollouts", "rules", "environments")
 
 # mutmut's exit codes of a mutant run, as its `results` command reads them (mutmut/stats.py):
 # 1 and 3 a test failed; 0 every test passed; 33 and 5 no test calls the function; the rest below.
