@@ -2,11 +2,12 @@
 
     python tests/mutation/auto_report.py globs [MODULE ...]   # `module pattern...` lines for mutmut run
     python tests/mutation/auto_report.py report [--seconds FILE] [--survivors] [MODULE ...]
+    python tests/mutation/auto_report.py unmutated [MODULE ...]   # plain copies a kept mutants/ holds
 
-``tests/mutation/run_auto.sh`` calls both: ``globs`` to hand ``mutmut run`` one module's mutants,
-``report`` after the runs. The results come from mutmut's own records: ``mutants/<source>.meta``
-(JSON: ``exit_code_by_key``, one exit code a mutant) and, for each survivor, the diff mutmut
-shows for it (``mutmut show NAME``). Run from the repository root, where ``mutants/`` is.
+``tests/mutation/run_auto.sh`` calls all three: ``globs`` to hand ``mutmut run`` one module's
+mutants, ``unmutated`` before the runs, ``report`` after them. The results come from mutmut's own
+records: ``mutants/<source>.meta`` (JSON: ``exit_code_by_key``, one exit code a mutant) and, for
+each survivor, the diff mutmut shows for it (``mutmut show NAME``). Run from the repository root, where ``mutants/`` is.
 
 A survivor listed in ``tests/mutation/equivalent.toml`` is counted as "equivalent (justified)".
 An entry names the function, the source line the mutant removes and the line it puts instead
@@ -44,9 +45,10 @@ MODULES: dict[str, tuple[str, ...]] = {
     "batch": ("posttrain/data/batch.py",),
     "rollouts": ("posttrain/rollouts",),
     "environments": ("posttrain/environments",),
+    "probe": ("posttrain/weight_sync/probe.py",),
 }
 # smallest first, the order run_auto.sh runs them in
-DEFAULT_ORDER = ("advantages", "batch", "loss_functions", "ops", "rollouts", "rules", "environments")
+DEFAULT_ORDER = ("advantages", "batch", "loss_functions", "ops", "rollouts", "rules", "environments", "probe")
 
 # mutmut's exit codes of a mutant run, as its `results` command reads them (mutmut/stats.py):
 # 1 and 3 a test failed; 0 every test passed; 33 and 5 no test calls the function; the rest below.
@@ -78,6 +80,23 @@ def source_files(module: str, root: Path = REPO) -> list[Path]:
         path = root / source
         files.extend(sorted(p.relative_to(root) for p in path.rglob("*.py")) if path.is_dir() else [Path(source)])
     return files
+
+
+def unmutated_copies(modules: list[str], root: Path = REPO) -> list[Path]:
+    """The files of ``modules`` that ``root/mutants`` holds as plain copies: those with no ``.meta``.
+
+    mutmut copies a file it does not mutate with a fresh modification time, and later takes a copy
+    newer than its source for one it has already mutated: a module added to ``only_mutate`` after
+    ``mutants/`` was made would keep its plain copy and have no mutants. Removing these copies makes
+    mutmut mutate them.
+    """
+    out = []
+    for module in modules:
+        for source in source_files(module, root):
+            copy = root / "mutants" / source
+            if copy.exists() and not copy.with_name(copy.name + ".meta").exists():
+                out.append(copy)
+    return out
 
 
 def function_of(mutant: str) -> str:
@@ -260,7 +279,8 @@ def report(modules: list[str], seconds: dict[str, float], show_survivors: bool, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``globs MODULE...`` or ``report [--seconds FILE] [--survivors] MODULE...``."""
+    """Command line: ``globs MODULE...``, ``unmutated MODULE...`` or
+    ``report [--seconds FILE] [--survivors] MODULE...``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     globs = sub.add_parser("globs", help="mutmut's name patterns of the modules")
@@ -269,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--seconds", type=Path, help="a file of `module seconds` lines (run_auto.sh writes it)")
     rep.add_argument("--survivors", action="store_true", help="print every unjustified survivor's diff")
     rep.add_argument("modules", nargs="*")
+    plain = sub.add_parser("unmutated", help="the modules' files that mutants/ holds unmutated (no .meta)")
+    plain.add_argument("modules", nargs="*")
     args = parser.parse_args(argv)
     modules = args.modules or list(DEFAULT_ORDER)
     unknown = [m for m in modules if m not in MODULES]
@@ -277,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "globs":
         for module in modules:
             print(module, *mutmut_globs(module))
+        return 0
+    if args.command == "unmutated":
+        for copy in unmutated_copies(modules):
+            print(copy)
         return 0
     return report(modules, read_seconds(args.seconds), args.survivors)
 

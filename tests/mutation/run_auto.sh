@@ -44,6 +44,13 @@ for line in "${lines[@]}"; do modules+=("${line%% *}"); done
 command -v mutmut >/dev/null || { echo "run_auto.sh: mutmut not found: run it with uv run --group test" >&2; exit 2; }
 [ "$keep" = 1 ] || rm -rf mutants
 mkdir -p mutants
+# A kept mutants/ may hold a module's files as plain copies (made before it was in only_mutate), which
+# mutmut would take for mutated ones: removed, so that mutmut mutates them. Its test stats were taken
+# on those copies (no test calls a mutated function there), so they go too: mutmut takes them anew.
+mapfile -t plain < <("${report[@]}" unmutated "${modules[@]}")
+if [ ${#plain[@]} -gt 0 ]; then
+  rm -f "${plain[@]}" mutants/mutmut-stats.json
+fi
 # torch in each forked mutant worker: one thread, so --children N uses N cores
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 seconds_file=mutants/run_auto_seconds.txt
