@@ -47,9 +47,10 @@ MODULES: dict[str, tuple[str, ...]] = {
     "environments": ("posttrain/environments",),
     "probe": ("posttrain/weight_sync/probe.py",),
     "chat": ("posttrain/data/chat.py",),
+    "rollout_recording": ("posttrain/algorithms/rollout_recording.py",),
 }
 # smallest first, the order run_auto.sh runs them in
-DEFAULT_ORDER = ("advantages", "batch", "loss_functions", "ops", "rollouts", "rules", "environments", "probe", "chat")
+DEFAULT_ORDER = ("advantages", "batch", "loss_functions", "ops", "rollouts", "rules", "environments", "probe", "chat", "rollout_recording")
 
 # mutmut's exit codes of a mutant run, as its `results` command reads them (mutmut/stats.py):
 # 1 and 3 a test failed; 0 every test passed; 33 and 5 no test calls the function; the rest below.
