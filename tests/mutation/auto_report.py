@@ -48,6 +48,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "probe": ("posttrain/weight_sync/probe.py",),
     "chat": ("posttrain/data/chat.py",),
     "rollout_recording": ("posttrain/algorithms/rollout_recording.py",),
+    "trend": ("posttrain/testing/trend.py",),
 }
 # smallest first (by mutants), the order run_auto.sh runs them in
 DEFAULT_ORDER = ("chat", "advantages", "environments", "probe", "batch", "loss_functions", "rollout_recording", "ops",
