@@ -49,6 +49,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "chat": ("posttrain/data/chat.py",),
     "rollout_recording": ("posttrain/algorithms/rollout_recording.py",),
     "trend": ("posttrain/testing/trend.py",),
+    "calibrate": ("posttrain/testing/calibrate.py",),
 }
 # smallest first (by mutants), the order run_auto.sh runs them in
 DEFAULT_ORDER = ("chat", "advantages", "environments", "probe", "batch", "loss_functions", "rollout_recording", "ops",
