@@ -53,7 +53,7 @@ MODULES: dict[str, tuple[str, ...]] = {
 }
 # smallest first (by mutants), the order run_auto.sh runs them in
 DEFAULT_ORDER = ("chat", "advantages", "environments", "probe", "batch", "loss_functions", "rollout_recording", "ops",
-                 "rollouts", "trend", "rules")
+                 "rollouts", "trend", "calibrate", "rules")
 
 # mutmut's exit codes of a mutant run, as its `results` command reads them (mutmut/stats.py):
 # 1 and 3 a test failed; 0 every test passed; 33 and 5 no test calls the function; the rest below.
