@@ -50,6 +50,22 @@ MODULES: dict[str, tuple[str, ...]] = {
     "rollout_recording": ("posttrain/algorithms/rollout_recording.py",),
     "trend": ("posttrain/testing/trend.py",),
     "calibrate": ("posttrain/testing/calibrate.py",),
+    # the pytest harness, file by file (its package __init__ defines no function)
+    "harness_configurations": ("posttrain/testing/harness/configurations.py",),
+    "harness_coverage_ray": ("posttrain/testing/harness/coverage_ray.py",),
+    "harness_machine": ("posttrain/testing/harness/machine.py",),
+    "harness_memory": ("posttrain/testing/harness/memory.py",),
+    "harness_merge": ("posttrain/testing/harness/merge.py",),
+    "harness_parallel": ("posttrain/testing/harness/parallel.py",),
+    "harness_plugin": ("posttrain/testing/harness/plugin.py",),
+    "harness_ray_leaks": ("posttrain/testing/harness/ray_leaks.py",),
+    "harness_ray_nodes": ("posttrain/testing/harness/ray_nodes.py",),
+    "harness_remote_testmon": ("posttrain/testing/harness/remote_testmon.py",),
+    "harness_repeat": ("posttrain/testing/harness/repeat.py",),
+    "harness_results": ("posttrain/testing/harness/results.py",),
+    "harness_selection": ("posttrain/testing/harness/selection.py",),
+    "harness_shards": ("posttrain/testing/harness/shards.py",),
+    "harness_tracker": ("posttrain/testing/harness/tracker.py",),
 }
 # smallest first (by mutants), the order run_auto.sh runs them in
 DEFAULT_ORDER = ("chat", "advantages", "environments", "probe", "batch", "loss_functions", "rollout_recording", "ops",
