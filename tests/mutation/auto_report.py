@@ -67,9 +67,18 @@ MODULES: dict[str, tuple[str, ...]] = {
     "harness_shards": ("posttrain/testing/harness/shards.py",),
     "harness_tracker": ("posttrain/testing/harness/tracker.py",),
 }
-# smallest first (by mutants), the order run_auto.sh runs them in
-DEFAULT_ORDER = ("chat", "advantages", "environments", "probe", "batch", "loss_functions", "rollout_recording", "ops",
-                 "rollouts", "trend", "calibrate", "rules")
+# smallest first (by mutants), the order run_auto.sh runs them in: every row that scores >= 95%
+DEFAULT_ORDER = ("chat", "harness_machine", "advantages", "environments", "harness_results", "probe", "batch",
+                 "harness_shards", "loss_functions", "rollout_recording", "harness_merge", "ops", "rollouts", "trend",
+                 "calibrate", "rules")
+# Rows still under 95%, run by name only (run_auto.sh harness_plugin ...), so that CI's run stays a
+# verdict: the harness files whose code runs mostly where mutmut cannot trace it (pytest subprocesses,
+# xdist workers, Ray actors, --testmon). A row moves to DEFAULT_ORDER once it scores 95%;
+# docs/testing.md ("Automatic mutation testing") says where each stands.
+BELOW_THRESHOLD = ("harness_tracker", "harness_coverage_ray", "harness_ray_leaks", "harness_selection",
+                   "harness_parallel", "harness_memory", "harness_plugin", "harness_ray_nodes", "harness_repeat",
+                   "harness_configurations", "harness_remote_testmon")
+assert sorted(DEFAULT_ORDER + BELOW_THRESHOLD) == sorted(MODULES), "every row is run by default or listed as below"
 
 # mutmut's exit codes of a mutant run, as its `results` command reads them (mutmut/stats.py):
 # 1 and 3 a test failed; 0 every test passed; 33 and 5 no test calls the function; the rest below.
@@ -316,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     modules = args.modules or list(DEFAULT_ORDER)
     unknown = [m for m in modules if m not in MODULES]
     if unknown:
-        parser.error(f"unknown module(s) {unknown}; choose from {', '.join(DEFAULT_ORDER)}")
+        parser.error(f"unknown module(s) {unknown}; choose from {', '.join(MODULES)}")
     if args.command == "globs":
         for module in modules:
             print(module, *mutmut_globs(module))
