@@ -77,6 +77,8 @@ def test_the_defaults_are_the_plain_distribution_and_no_token_gives_empty_output
     assert torch.equal(chunked_completion_logprobs(hidden, weight, targets, 2)[0], plain)
     logp, entropy = chunked_completion_logprobs(hidden[:, :0], weight, targets[:, :0], 2, with_entropy=True)
     assert logp.shape == (2, 0) and entropy is not None and entropy.shape == (2, 0)
+    with pytest.raises(ValueError, match=r"^temperature must be > 0, got 0.0$"):  # no chunk to refuse it later
+        chunked_completion_logprobs(hidden[:, :0], weight, targets[:, :0], 2, temperature=0.0)
 
 
 def test_bf16_compute_scores_and_backpropagates_through_bf16_matmuls() -> None:
