@@ -32,6 +32,16 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.setdefault("FUNCTIONAL_HISTORY", "0")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # gpu(n) is the harness's marker, registered by its plugin when the harness is on. Switched off
+    # (mutmut's runs, tests/mutation/run_auto.sh: -o posttrain_harness=false), a module that marks one
+    # of its tests gpu(n) must still collect under --strict-markers: mutmut selects its CPU tests.
+    if not config.getini("posttrain_harness"):
+        from posttrain.testing.harness.plugin import GPU_MARKER
+
+        config.addinivalue_line("markers", GPU_MARKER)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray cluster (2 CPUs) for the whole session, started by the first test that asks.

@@ -2,11 +2,12 @@
 
     python tests/mutation/auto_report.py globs [MODULE ...]   # `module pattern...` lines for mutmut run
     python tests/mutation/auto_report.py report [--seconds FILE] [--survivors] [MODULE ...]
+    python tests/mutation/auto_report.py unmutated [MODULE ...]   # plain copies a kept mutants/ holds
 
-``tests/mutation/run_auto.sh`` calls both: ``globs`` to hand ``mutmut run`` one module's mutants,
-``report`` after the runs. The results come from mutmut's own records: ``mutants/<source>.meta``
-(JSON: ``exit_code_by_key``, one exit code a mutant) and, for each survivor, the diff mutmut
-shows for it (``mutmut show NAME``). Run from the repository root, where ``mutants/`` is.
+``tests/mutation/run_auto.sh`` calls all three: ``globs`` to hand ``mutmut run`` one module's
+mutants, ``unmutated`` before the runs, ``report`` after them. The results come from mutmut's own
+records: ``mutants/<source>.meta`` (JSON: ``exit_code_by_key``, one exit code a mutant) and, for
+each survivor, the diff mutmut shows for it (``mutmut show NAME``). Run from the repository root, where ``mutants/`` is.
 
 A survivor listed in ``tests/mutation/equivalent.toml`` is counted as "equivalent (justified)".
 An entry names the function, the source line the mutant removes and the line it puts instead
@@ -43,9 +44,41 @@ MODULES: dict[str, tuple[str, ...]] = {
     "advantages": ("posttrain/algorithms/advantages.py",),
     "batch": ("posttrain/data/batch.py",),
     "rollouts": ("posttrain/rollouts",),
+    "environments": ("posttrain/environments",),
+    "probe": ("posttrain/weight_sync/probe.py",),
+    "chat": ("posttrain/data/chat.py",),
+    "rollout_recording": ("posttrain/algorithms/rollout_recording.py",),
+    "trend": ("posttrain/testing/trend.py",),
+    "calibrate": ("posttrain/testing/calibrate.py",),
+    # the pytest harness, file by file (its package __init__ defines no function)
+    "harness_configurations": ("posttrain/testing/harness/configurations.py",),
+    "harness_coverage_ray": ("posttrain/testing/harness/coverage_ray.py",),
+    "harness_machine": ("posttrain/testing/harness/machine.py",),
+    "harness_memory": ("posttrain/testing/harness/memory.py",),
+    "harness_merge": ("posttrain/testing/harness/merge.py",),
+    "harness_parallel": ("posttrain/testing/harness/parallel.py",),
+    "harness_plugin": ("posttrain/testing/harness/plugin.py",),
+    "harness_ray_leaks": ("posttrain/testing/harness/ray_leaks.py",),
+    "harness_ray_nodes": ("posttrain/testing/harness/ray_nodes.py",),
+    "harness_remote_testmon": ("posttrain/testing/harness/remote_testmon.py",),
+    "harness_repeat": ("posttrain/testing/harness/repeat.py",),
+    "harness_results": ("posttrain/testing/harness/results.py",),
+    "harness_selection": ("posttrain/testing/harness/selection.py",),
+    "harness_shards": ("posttrain/testing/harness/shards.py",),
+    "harness_tracker": ("posttrain/testing/harness/tracker.py",),
 }
-# smallest first, the order run_auto.sh runs them in
-DEFAULT_ORDER = ("advantages", "batch", "loss_functions", "ops", "rollouts", "rules")
+# smallest first (by mutants), the order run_auto.sh runs them in: every row that scores >= 95%
+DEFAULT_ORDER = ("chat", "harness_machine", "advantages", "environments", "harness_results", "probe", "batch",
+                 "harness_shards", "loss_functions", "rollout_recording", "harness_merge", "ops", "rollouts", "trend",
+                 "calibrate", "rules")
+# Rows still under 95%, run by name only (run_auto.sh harness_plugin ...), so that CI's run stays a
+# verdict: the harness files whose code runs mostly where mutmut cannot trace it (pytest subprocesses,
+# xdist workers, Ray actors, --testmon). A row moves to DEFAULT_ORDER once it scores 95%;
+# docs/testing.md ("Automatic mutation testing") says where each stands.
+BELOW_THRESHOLD = ("harness_tracker", "harness_coverage_ray", "harness_ray_leaks", "harness_selection",
+                   "harness_parallel", "harness_memory", "harness_plugin", "harness_ray_nodes", "harness_repeat",
+                   "harness_configurations", "harness_remote_testmon")
+assert sorted(DEFAULT_ORDER + BELOW_THRESHOLD) == sorted(MODULES), "every row is run by default or listed as below"
 
 # mutmut's exit codes of a mutant run, as its `results` command reads them (mutmut/stats.py):
 # 1 and 3 a test failed; 0 every test passed; 33 and 5 no test calls the function; the rest below.
@@ -77,6 +110,23 @@ def source_files(module: str, root: Path = REPO) -> list[Path]:
         path = root / source
         files.extend(sorted(p.relative_to(root) for p in path.rglob("*.py")) if path.is_dir() else [Path(source)])
     return files
+
+
+def unmutated_copies(modules: list[str], root: Path = REPO) -> list[Path]:
+    """The files of ``modules`` that ``root/mutants`` holds as plain copies: those with no ``.meta``.
+
+    mutmut copies a file it does not mutate with a fresh modification time, and later takes a copy
+    newer than its source for one it has already mutated: a module added to ``only_mutate`` after
+    ``mutants/`` was made would keep its plain copy and have no mutants. Removing these copies makes
+    mutmut mutate them.
+    """
+    out = []
+    for module in modules:
+        for source in source_files(module, root):
+            copy = root / "mutants" / source
+            if copy.exists() and not copy.with_name(copy.name + ".meta").exists():
+                out.append(copy)
+    return out
 
 
 def function_of(mutant: str) -> str:
@@ -259,7 +309,8 @@ def report(modules: list[str], seconds: dict[str, float], show_survivors: bool, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``globs MODULE...`` or ``report [--seconds FILE] [--survivors] MODULE...``."""
+    """Command line: ``globs MODULE...``, ``unmutated MODULE...`` or
+    ``report [--seconds FILE] [--survivors] MODULE...``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     globs = sub.add_parser("globs", help="mutmut's name patterns of the modules")
@@ -268,14 +319,20 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--seconds", type=Path, help="a file of `module seconds` lines (run_auto.sh writes it)")
     rep.add_argument("--survivors", action="store_true", help="print every unjustified survivor's diff")
     rep.add_argument("modules", nargs="*")
+    plain = sub.add_parser("unmutated", help="the modules' files that mutants/ holds unmutated (no .meta)")
+    plain.add_argument("modules", nargs="*")
     args = parser.parse_args(argv)
     modules = args.modules or list(DEFAULT_ORDER)
     unknown = [m for m in modules if m not in MODULES]
     if unknown:
-        parser.error(f"unknown module(s) {unknown}; choose from {', '.join(DEFAULT_ORDER)}")
+        parser.error(f"unknown module(s) {unknown}; choose from {', '.join(MODULES)}")
     if args.command == "globs":
         for module in modules:
             print(module, *mutmut_globs(module))
+        return 0
+    if args.command == "unmutated":
+        for copy in unmutated_copies(modules):
+            print(copy)
         return 0
     return report(modules, read_seconds(args.seconds), args.survivors)
 

@@ -5,9 +5,11 @@
 #
 #   uv run --group test bash tests/mutation/run_auto.sh [--keep] [--children N] [MODULE ...]
 #
-# MODULE: advantages, batch, loss_functions, ops, rollouts, rules (default: all six, smallest first).
+# MODULE: a row of tests/mutation/auto_report.py's MODULES (chat, environments, probe, ops, rules, the
+# harness file by file: harness_shards, ...); default: every row of its DEFAULT_ORDER, smallest first
+# (those scoring >= 95%; the harness rows still under it run by name).
 # mutmut's settings (what it mutates, which tests run) are pyproject.toml's [tool.mutmut]; it works
-# in mutants/ (a copy of posttrain/, tests/ and examples/; git ignores it). Each mutant runs only the
+# in mutants/ (a copy of posttrain/, tests/, examples/ and docs/; git ignores it). Each mutant runs only the
 # tests that called its function, one mutant at a time unless --children N (or $MUTMUT_CHILDREN).
 # A fresh mutants/ each run, unless --keep: then mutmut reuses what it already has (only the
 # mutated modules' sources are copied anew when they change, not the rest of posttrain/).
@@ -26,7 +28,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --keep) keep=1 ;;
     --children) children=$2; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     -*) echo "run_auto.sh: unknown option $1" >&2; exit 2 ;;
     *) modules+=("$1") ;;
   esac
@@ -44,6 +46,13 @@ for line in "${lines[@]}"; do modules+=("${line%% *}"); done
 command -v mutmut >/dev/null || { echo "run_auto.sh: mutmut not found: run it with uv run --group test" >&2; exit 2; }
 [ "$keep" = 1 ] || rm -rf mutants
 mkdir -p mutants
+# A kept mutants/ may hold a module's files as plain copies (made before it was in only_mutate), which
+# mutmut would take for mutated ones: removed, so that mutmut mutates them. Its test stats were taken
+# on those copies (no test calls a mutated function there), so they go too: mutmut takes them anew.
+mapfile -t plain < <("${report[@]}" unmutated "${modules[@]}")
+if [ ${#plain[@]} -gt 0 ]; then
+  rm -f "${plain[@]}" mutants/mutmut-stats.json
+fi
 # torch in each forked mutant worker: one thread, so --children N uses N cores
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 seconds_file=mutants/run_auto_seconds.txt

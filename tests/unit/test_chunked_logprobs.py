@@ -67,3 +67,43 @@ def test_without_entropy_none_comes_back_and_a_bad_chunk_size_is_one_line() -> N
         chunked_completion_logprobs(hidden, weight, targets, 0)
     with pytest.raises(ValueError, match=r"^temperature must be > 0, got 0.0$"):
         chunked_completion_logprobs(hidden, weight, targets, 2, temperature=0.0)
+
+
+def test_the_defaults_are_the_plain_distribution_and_no_token_gives_empty_outputs() -> None:
+    gen = torch.Generator().manual_seed(3)
+    hidden, weight = torch.randn(2, 3, 4, generator=gen), torch.randn(6, 4, generator=gen)
+    targets = torch.randint(0, 6, (2, 3), generator=gen)
+    plain, _ = chunked_completion_logprobs(hidden, weight, targets, 2, temperature=1.0, top_k=0, top_p=1.0)
+    assert torch.equal(chunked_completion_logprobs(hidden, weight, targets, 2)[0], plain)
+    logp, entropy = chunked_completion_logprobs(hidden[:, :0], weight, targets[:, :0], 2, with_entropy=True)
+    assert logp.shape == (2, 0) and entropy is not None and entropy.shape == (2, 0)
+    with pytest.raises(ValueError, match=r"^temperature must be > 0, got 0.0$"):  # no chunk to refuse it later
+        chunked_completion_logprobs(hidden[:, :0], weight, targets[:, :0], 2, temperature=0.0)
+
+
+def test_bf16_compute_scores_and_backpropagates_through_bf16_matmuls() -> None:
+    """compute_dtype=bfloat16 (bf16-mixed): the logprobs and the hidden states' gradient are a bf16
+    matmul's (measured equal, 0.0, on AMD EPYC), 1.5e-3 and 3.4e-3 from the fp32 ones: the cast is there."""
+    gen = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(2, 5, 16, generator=gen) * 2, torch.randn(50, 16, generator=gen)
+    targets = torch.randint(0, 50, (2, 5), generator=gen)
+    upstream = torch.randn(2, 5, generator=gen)
+
+    def scored(path, dtype):  # logprobs and the hidden states' gradient
+        h = hidden.clone().requires_grad_()
+        logp = path(h, dtype)
+        (logp * upstream).sum().backward()
+        return logp.detach(), h.grad
+
+    def full(h, dtype):
+        logits = (h.to(dtype) @ weight.to(dtype).T).float()
+        return torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
+
+    def chunked(h, dtype):
+        return chunked_completion_logprobs(h, weight, targets, 3, compute_dtype=dtype)[0]
+
+    got_logp, got_grad = scored(chunked, torch.bfloat16)
+    bf16_logp, bf16_grad = scored(full, torch.bfloat16)
+    fp32_logp, fp32_grad = scored(full, torch.float32)
+    assert rel(got_logp, bf16_logp) <= 1e-5 and rel(got_grad, bf16_grad) <= 1e-5  # the module's bound
+    assert rel(got_logp, fp32_logp) > 1e-4 and rel(got_grad, fp32_grad) > 1e-4

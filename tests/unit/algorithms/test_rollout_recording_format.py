@@ -122,3 +122,42 @@ def test_a_replayed_prompt_must_be_this_runs_prompt_of_its_question_token_for_to
         _write(tmp_path, record)
         with pytest.raises(DataError, match=message):
             recording.load_step(tmp_path, 1, P, G, prompt_of)
+
+
+def test_the_recorded_counts_are_json_integers(tmp_path: Path) -> None:
+    text = recording.save_step(tmp_path, 3, step_samples(3), G).read_text()
+    raw = json.loads(text)
+    assert [type(raw[k]) for k in ("step", "num_prompts", "completions_per_prompt")] == [int, int, int]
+    assert f'"num_prompts": {P},' in text  # 2, not 2.0
+
+
+def test_a_recording_directory_is_made_with_its_parents(tmp_path: Path) -> None:
+    path = recording.save_step(tmp_path / "runs" / "a" / "rollouts", 1, step_samples(1), G)
+    assert path == tmp_path / "runs" / "a" / "rollouts" / "step_000001.json"
+    assert recording.load_step(path.parent, 1, P, G) == step_samples(1)
+
+
+@pytest.mark.parametrize(("held", "asked", "missing"), [
+    ([1, 2, 4], range(1, 5), "step(s) 3: "),
+    ([1], range(1, 12, 2), "step(s) 3, 5, 7, 9, 11: "),  # five, not a span: all of them
+    ([1], range(1, 14, 2), "step(s) 3, 5, 7, 9, 11 ...: "),  # six: the first five
+])
+def test_the_missing_steps_are_one_step_a_span_or_the_first_five(tmp_path: Path, held, asked, missing) -> None:
+    for step in held:
+        recording.save_step(tmp_path, step, step_samples(step), G)
+    with pytest.raises(DataError) as err:
+        recording.check_recording(tmp_path, asked)
+    assert f"has no recording of {missing}it holds" in str(err.value)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda r: r.update(samples=8), r"holds int samples, not P \* G = 8$"),
+    (lambda r: r["samples"].__setitem__(6, 5), r"sample 6: not a RolloutSample \(fields differ: int\)$"),
+    (lambda r: r["samples"][1].update(reward="1.0"), r"sample 1: reward='1.0' is not a number$"),
+])
+def test_what_is_not_a_list_a_sample_or_a_number_is_named_by_its_type(tmp_path: Path, edit, message: str) -> None:
+    record = json.loads(recording.save_step(tmp_path, 1, step_samples(1), G).read_text())
+    edit(record)
+    _write(tmp_path, record)
+    with pytest.raises(DataError, match=message):
+        recording.load_step(tmp_path, 1, P, G)

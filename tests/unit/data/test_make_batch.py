@@ -289,3 +289,13 @@ def test_a_bad_bucket_list_is_named_exactly_in_the_error(seq_buckets, comp_bucke
 def test_the_empty_batch_error_says_what_make_batch_needs() -> None:
     with pytest.raises(ValueError, match=r"^make_batch needs at least one sequence$"):
         make_batch([], [], PAD, SEQ_BUCKETS, COMP_BUCKETS)
+
+
+def test_a_masked_batch_keeps_every_rows_tokens_and_trains_none_of_them() -> None:
+    batch = make_batch([[5, 6], [7]], [[4, 4, 4], [3]], PAD, SEQ_BUCKETS, COMP_BUCKETS)
+    masked = batch.masked()
+    for name in ("input_ids", "attention_mask", "prompt_lens", "completion_lens"):
+        assert torch.equal(getattr(masked, name), getattr(batch, name)), name
+    assert masked.completion_mask.shape == batch.completion_mask.shape
+    assert masked.completion_mask.dtype == batch.completion_mask.dtype and not masked.completion_mask.any()
+    assert batch.completion_mask.sum() == 4  # the original keeps its mask

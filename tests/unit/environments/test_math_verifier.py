@@ -107,3 +107,9 @@ def test_reward_never_raises_on_arbitrary_text() -> None:
 def test_bad_ground_truth_is_a_data_error() -> None:
     with pytest.raises(DataError, match="'twelve'"):
         math_reward("12", "twelve")
+
+
+def test_a_long_bad_ground_truth_is_quoted_to_its_first_40_characters() -> None:
+    with pytest.raises(DataError) as err:
+        math_reward("12", "abcd" * 10 + "TAIL" * 50)
+    assert str(err.value) == f"ground truth is not a number: {'abcd' * 10!r}"

@@ -11,7 +11,7 @@ from refit_helpers import DropOneTensor, train_step
 from posttrain.config import GenerationConfig, RefitProbeConfig
 from posttrain.errors import ConfigError, RefitProbeError, StaleWeightsError
 from posttrain.models.generation.backends import num_bundles, resolve_backend
-from posttrain.weight_sync.probe import RefitProbe, probe_errors, probe_sequences
+from posttrain.weight_sync.probe import RefitProbe, probe_errors, probe_sequences, worst_engine_errors
 from posttrain.weight_sync.refit import refit
 
 
@@ -112,6 +112,80 @@ def test_every_engine_gets_probe_rows_even_when_there_are_more_engines_than_sequ
                        num_engines=5)
     assert len(probe.prompts) == len(probe.completions) == 5
     assert len(RefitProbe(RefitProbeConfig(num_sequences=8), _Tok(), 1.0, num_engines=5).prompts) == 8
+
+
+class _PadTok:
+    """A tokenizer whose pad token is not 0 (only pads; no other special token)."""
+
+    all_special_ids = [3]
+    pad_token_id = 3
+
+    def __len__(self):
+        return 10
+
+
+class _BareTok:
+    """A tokenizer with neither special tokens nor a pad token: only a vocabulary size."""
+
+    def __len__(self):
+        return 4
+
+
+def test_the_probe_batch_pads_with_the_tokenizers_pad_token_or_0_without_one():
+    cfg = RefitProbeConfig(num_sequences=2, prompt_tokens=3, completion_tokens=2)
+    for tokenizer, pad in [(_PadTok(), 3), (_Tok(), 0), (_BareTok(), 0)]:
+        batch = RefitProbe(cfg, tokenizer, 1.0).batch
+        assert batch.input_ids.shape[1] > 5  # a bucket longer than the 5 tokens: there is padding
+        assert (batch.input_ids[:, 5:] == pad).all(), tokenizer
+
+
+def test_a_tokenizer_without_special_tokens_lends_the_probe_its_whole_vocabulary():
+    probe = RefitProbe(RefitProbeConfig(num_sequences=8, prompt_tokens=8, completion_tokens=8), _BareTok(), 1.0)
+    assert {t for row in probe.prompts + probe.completions for t in row} == {0, 1, 2, 3}
+
+
+class _Scorer:
+    """Both sides of the probe, recording what each was asked (the policy's and the engines' calls)."""
+
+    def __init__(self, trainer: torch.Tensor, rows: list[list[float]]):
+        self.trainer, self.rows, self.calls = trainer, rows, []
+
+    def get_logprobs(self, batch, reference=False, whole_vocab=False):
+        self.calls.append(("get_logprobs", batch, reference, whole_vocab))
+        return self.trainer
+
+    def score(self, prompts, completions, temperature):
+        self.calls.append(("score", prompts, completions, temperature))
+        return self.rows
+
+
+def test_without_scores_at_hand_the_probe_asks_the_trainer_over_the_whole_vocab_and_the_engines():
+    probe = RefitProbe(RefitProbeConfig(num_sequences=2, prompt_tokens=3, completion_tokens=2), _Tok(), 0.7)
+    trainer = torch.tensor([[-1.0, -2.0, 0.0, 0.0], [-0.5, -0.25, 0.0, 0.0]])
+    both = _Scorer(trainer, [[-1.0, -1.5], [-0.5, -0.25]])
+    metrics = probe.measure(both, both)
+    assert metrics["train/refit_logprob_error"] == pytest.approx(0.5 / 4)
+    assert both.calls == [("get_logprobs", probe.batch, False, True),
+                          ("score", probe.prompts, probe.completions, 0.7)]
+    assert probe.request.temperature == 0.7  # the engines score a refit's probe at the same temperature
+
+
+def test_the_engine_rows_are_compared_at_the_trainers_precision():
+    """Rows of float64 values equal to a float64 trainer's: no gap (a float32 copy of them would differ by ~1e-9)."""
+    probe = RefitProbe(RefitProbeConfig(num_sequences=1, prompt_tokens=3, completion_tokens=2), _Tok(), 1.0)
+    rows = [[-0.1, -0.3]]
+    trainer = torch.tensor([[-0.1, -0.3, 0.0, 0.0]], dtype=torch.float64)
+    assert probe.measure(None, None, trainer, rows)["train/refit_logprob_error"] == 0.0  # type: ignore[arg-type]
+
+
+def test_an_error_at_the_bound_passes():
+    RefitProbe(RefitProbeConfig(max_logprob_error=0.25), _Tok(), 1.0).check({"train/refit_logprob_error": 0.25}, 1)
+
+
+def test_fewer_probe_rows_than_engines_is_refused_naming_both():
+    rows = torch.zeros(3, 2)
+    with pytest.raises(ValueError, match=r"^3 probe rows cannot cover 5 engines$"):
+        worst_engine_errors(rows, rows, torch.ones(3, 2), num_engines=5)
 
 
 # --- the probe on the Hugging Face backend: backend-independent, so it runs in the default tier ---

@@ -9,12 +9,17 @@ import pytest
 from posttrain.testing.harness import skips
 from posttrain.testing.harness.configurations import (
     FIXED_PYTEST_ARGS,
+    Configuration,
+    Modifier,
     PlanError,
+    Table,
     check_flags,
+    describe,
     load_table,
     make_plan,
     render_markdown,
     usage,
+    xdist_schedule_args,
 )
 
 REPO = Path(__file__).resolve().parents[4]
@@ -112,3 +117,91 @@ def test_usage_names_every_flag_of_the_table_with_its_extra():
     for m in TABLE.modifiers:
         assert f"  {m.flag} " in text and m.help in text
     assert "Exit status" in text and "5 nothing was tested" in text
+
+
+# --- the plan's edges, word for word ---
+
+SMALL = Table((Configuration("default", "", "not gpu_only", "", "", "everything but GPU tests"),
+               Configuration("gpu-only", "--gpu-only", "gpu_only", "cpu-build", "torch", "only GPU tests",
+                             extra_gpu="cuda-build"),
+               Configuration("big-only", "--big-only", "big", "big-build", "big", "only big tests")),
+              (Modifier("gated", "--gated", "gated", "add tests that need gated models"),
+               Modifier("online", "--online", "online", "add tests that need the network")))
+SMALL_USAGE = ("usage: uv run --group test bash tests/run_unit.sh [CONFIGURATION] [MODIFIER...] "
+               "[pytest args / paths...]") + """
+
+Configurations (one at most; the default runs when none is given):
+  (none)           everything but GPU tests
+                   tests matching: not gpu_only; uv extra: none
+  --gpu-only       only GPU tests
+                   tests matching: gpu_only; uv extra: cpu-build (cuda-build with GPUs)
+  --big-only       only big tests
+                   tests matching: big; uv extra: big-build
+
+Modifiers (combine with any configuration):
+  --gated          add tests that need gated models
+  --online         add tests that need the network
+
+Runner (combines with any configuration and pytest args):
+  --repeat N       run the selected tests N times, each in a fresh pytest process, and print
+                   a pass-rate table (flake hunting; docs/testing.md, "Flake hunting")
+
+Everything else goes to pytest unchanged (`python -m pytest --help` lists its options); useful:
+  -m EXPR          replaces the configuration's marker filter
+  --testmon        run only the tests affected by your edits (code inside Ray actors included)
+  --shard I/N      run the I-th of N deterministic, duration-balanced parts (CI's matrix)
+  -n auto          parallel workers (pytest-xdist), a Ray cluster each, heaviest modules first
+  --cov=posttrain  coverage, Ray workers included
+
+Exit status: pytest's (0 passed, 1 failures); 2 usage error, unknown flag or missing uv extra
+(the `uv run --extra ...` line to use is printed); 5 nothing was tested (no test selected, or
+every selected test skipped). With --repeat: 1 a test failed in any run; 3 infrastructure errors
+only (Ray did not start, out of memory, a killed worker or pytest)."""
+
+
+def test_the_usage_lists_each_row_with_its_markers_and_extras_then_the_runner_pytest_and_exit_status():
+    assert usage(SMALL) == SMALL_USAGE
+
+
+def test_one_gpu_is_enough_for_the_gpu_build_of_an_extra():
+    row = SMALL.configurations[1]
+    assert (row.extra_for(0), row.extra_for(1)) == ("cpu-build", "cuda-build")
+
+
+def test_the_plan_keeps_its_modifiers_and_the_log_line_names_them():
+    plan = make_plan(["--gated", "--gpu-only", "--online", "--repeat=3"], num_gpus=2, table=SMALL,
+                     importable=everything_importable, known=lambda: set())
+    assert plan.modifiers == SMALL.modifiers
+    assert describe(plan, 2) == ("run_unit.sh: configuration gpu-only +gated +online, -m '(gpu_only)', 2 GPU(s), "
+                                 "3 runs (--repeat)")
+    plan = make_plan(["-m", "slow"], num_gpus=0, table=SMALL, importable=everything_importable, known=lambda: set())
+    assert describe(plan, 0) == "run_unit.sh: configuration default, your own -m, 0 GPU(s)"
+
+
+def test_arguments_before_a_user_marker_stay_and_a_repeat_value_is_everything_after_its_equals_sign():
+    plan = make_plan(["-x", "tests/unit", "-m", "slow", "-k", "a"], num_gpus=0, table=SMALL,
+                     importable=everything_importable, known=lambda: set())
+    assert plan.pytest_args == (*FIXED_PYTEST_ARGS, "-x", "tests/unit", "-m", "slow", "-k", "a")
+    with pytest.raises(PlanError, match=r"^--repeat needs a positive integer, got '4=5'$"):
+        make_plan(["--repeat=4=5"], num_gpus=0, table=SMALL, importable=everything_importable, known=lambda: set())
+    with pytest.raises(PlanError, match=r"^-m needs a marker expression, e.g. -m 'slow and not gpu'$"):
+        make_plan(["-x", "-m"], num_gpus=0, table=SMALL, importable=everything_importable, known=lambda: set())
+
+
+def test_a_flag_value_with_equals_signs_is_judged_by_its_name_and_one_letter_flags_count():
+    check_flags(["--override-ini=python_files=case_*.py"], SMALL, known=lambda: {"--override-ini"})
+    with pytest.raises(PlanError, match=r"^unknown flag --q; see bash tests/run_unit.sh --help$"):
+        check_flags(["--q"], SMALL, known=lambda: {"--durations"})
+
+
+def test_at_most_three_close_flags_are_suggested_closest_first():
+    known = {"--durations", "--duration", "--durations-min", "--durationz", "--setup-show"}
+    with pytest.raises(PlanError) as err:
+        check_flags(["--durationss"], SMALL, known=lambda: known)
+    assert str(err.value) == "unknown flag --durationss; did you mean --durations or --duration or --durationz?"
+
+
+@pytest.mark.parametrize("args", [["-k", "x", "-n"], ["-x", "-n", "0"], ["--numprocesses=0"], ["-n=0"],
+                                  ["-n0"], ["-n", "2", "-d", "x"]])
+def test_no_worker_count_zero_workers_or_a_dist_of_your_own_add_no_schedule(args):
+    assert xdist_schedule_args(args) == ()

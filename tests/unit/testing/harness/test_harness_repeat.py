@@ -19,12 +19,14 @@ from posttrain.testing.harness.repeat import (
     Row,
     Run,
     TestResult,
+    describe_exit,
     infra_cause,
     node_id,
     parse_repeat,
     read_junit,
     render,
     repeat_index,
+    run_problem,
     summarize,
 )
 
@@ -163,6 +165,65 @@ def test_a_test_reported_twice_keeps_its_worst_outcome(bodies, expected):
 def test_what_is_not_junit_xml_is_refused(text):
     with pytest.raises(ValueError, match="not JUnit XML"):
         read_junit(text)
+
+
+@pytest.mark.parametrize(("attrs", "expected"), [
+    ({"name": "test_a"}, "test_a"),
+    ({"classname": "tests.unit.test_x", "name": "test_a"}, "tests.unit.test_x::test_a"),
+    ({"file": "x.py", "classname": "x"}, "x.py::"),
+    ({"file": "x.py", "classname": "other.Thing", "name": "t"}, "other.Thing::t"),  # a classname of another file
+])  # fmt: skip
+def test_a_testcase_missing_attributes_still_gets_a_node_id(attrs, expected):
+    assert node_id(attrs) == expected
+
+
+def test_a_failure_without_a_message_is_named_by_its_tag_and_the_worst_of_one_testcases_reports_counts():
+    xml = junit(case("quiet", "<failure>E   boom</failure>"), case("empty", '<error message=""></error>'),
+                case("both", '<skipped message="s">s</skipped><failure message="assert 0">x</failure>'))
+    assert read_junit(xml) == (TestResult("test_t.py::quiet", "failed", "failure"),
+                               TestResult("test_t.py::empty", "failed", "error"),
+                               TestResult("test_t.py::both", "failed", "assert 0"))
+
+
+def test_a_test_reported_again_keeps_its_first_report_of_the_worst_outcome():
+    xml = junit(case("t", failure("first")), case("t"), case("t", failure("second")))
+    assert read_junit(xml) == (TestResult("test_t.py::t", "failed", "first"),)
+
+
+def test_a_bare_testsuite_root_is_junit_xml():
+    assert read_junit(f'<testsuite name="pytest">{case("t")}</testsuite>') == (TestResult("test_t.py::t", "passed"),)
+
+
+@pytest.mark.parametrize(("status", "text"), [(0, "status 0"), (1, "status 1"), (-9, "signal SIGKILL"),
+                                              (-99, "signal 99")])
+def test_an_exit_status_is_a_status_or_the_signal_that_killed_the_process(status, text):
+    assert describe_exit(status) == text
+
+
+def test_a_run_that_tested_nothing_or_passed_has_no_problem_of_its_own():
+    assert run_problem(Run(0, 5, ())) is None and run_problem(Run(1, 0, (passed("a"),))) is None
+
+
+def test_the_table_puts_never_passed_tests_before_half_passed_ones_and_only_skipped_ones_last():
+    report = summarize(runs((failed("a"), failed("b"), skipped("s")), (failed("a"), passed("b"), skipped("s"))), 2)
+    rows = render(report).splitlines()[1:4]
+    assert [re.split(r"\s+", line) for line in rows] == [["a", "2", "0", "2", "0", "0", "0%"],
+                                                          ["b", "2", "1", "1", "0", "0", "50%"],
+                                                          ["s", "2", "0", "0", "0", "2", "-"]]
+
+
+def test_a_runs_failures_are_listed_in_the_order_its_tests_ran():
+    report = summarize(runs((failed("z.py::t"), failed("a.py::t"))), 1)
+    assert [line for line in render(report).splitlines() if line.startswith("run ")] == [
+        "run 0 failed: z.py::t: assert 0", "run 0 failed: a.py::t: assert 0"]
+
+
+def test_failures_are_listed_by_run_number_and_cut_at_160_characters():
+    per_run = [(TestResult("t", "failed", "x" * 300),) if i in (2, 10) else (passed("t"),) for i in range(11)]
+    lines = render(summarize(runs(*per_run), 11)).splitlines()
+    details = [line for line in lines if line.startswith("run ")]
+    assert [line[:7] for line in details] == ["run 2 f", "run 10 "]
+    assert [len(line) for line in details] == [160, 160]
 
 
 # ---------------------------------------------------------------- the table and the exit status

@@ -5,11 +5,15 @@ an uncommitted experiment is never filed under a clean commit."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
+from posttrain.testing.harness import machine, results
 from posttrain.testing.harness.results import git_commit
 
 
@@ -91,3 +95,40 @@ def test_the_written_results_carry_the_state_of_the_tree_they_ran_in(pytester, m
         pytester.runpytest_inprocess("-o", "posttrain_harness=true", "-p", "no:cacheprovider").assert_outcomes(passed=1)
         recorded.append(json.loads((out / "unit_results.json").read_text())["git_commit"])
     assert recorded == [head, f"{head}-dirty"]
+
+
+# --- the document and where it goes ---
+
+def test_the_document_holds_the_schemas_fields_with_the_start_in_utc_and_coverage_to_2_places(repo, monkeypatch):
+    monkeypatch.setenv("TZ", "IST-5:30")  # a POSIX zone (no tzdata needed); it must not leak into start_time
+    time.tzset()
+    try:
+        start = datetime(2026, 11, 21, 7, 40, 45, tzinfo=timezone(timedelta(hours=5, minutes=30)))
+        doc = results.build(1, start, {"t.py::test": {"_elapsed": 0.5}}, 87.4567, repo)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert doc == {"exit_status": 1, "git_commit": git(repo, "rev-parse", "HEAD"), "start_time": "2026-11-21T02:10:45Z",
+                   "metrics": {"t.py::test": {"_elapsed": 0.5}}, "gpu_types": machine.gpu_names(),
+                   "cpu_model": machine.cpu_model(), "coverage": 87.46}
+    assert results.build(0, start, {}, None, repo)["coverage"] == "n/a (run without --cov)"
+
+
+def test_results_go_to_tests_unit_unless_the_environment_moves_them(tmp_path, monkeypatch):
+    monkeypatch.delenv(results.RESULTS_DIR_ENV, raising=False)
+    assert results.results_dir(tmp_path) == tmp_path / "tests" / "unit"
+    monkeypatch.setenv(results.RESULTS_DIR_ENV, str(tmp_path / "elsewhere"))
+    assert results.results_dir(tmp_path) == tmp_path / "elsewhere"
+
+
+def test_the_results_and_their_archive_copy_are_sorted_indented_json(tmp_path):
+    doc = {"start_time": "2026-11-21T02:10:45Z", "exit_status": 0, "metrics": {"b": {}, "a": {}}}
+    latest, copy = results.write(doc, tmp_path)
+    assert (latest, copy) == (tmp_path / "unit_results.json", tmp_path / "unit_results" / "20261121T021045Z.json")
+    text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    assert latest.read_text() == text and copy.read_text() == text
+    assert text.index('"exit_status"') < text.index('"metrics"') < text.index('"start_time"')
+    again = results.write(doc, tmp_path)[1]  # a second session in the same second keeps the first's copy
+    assert again == tmp_path / "unit_results" / f"20261121T021045Z-{os.getpid()}.json" and copy.read_text() == text
+    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(
+        ["unit_results.json", "unit_results", "20261121T021045Z.json", again.name])  # no temporary file left

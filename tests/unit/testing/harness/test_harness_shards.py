@@ -140,6 +140,34 @@ def test_the_default_durations_file(tmp_path, monkeypatch):
     assert default_durations_path(tmp_path) == tmp_path / "tests" / "durations.json"
 
 
+def test_a_zero_duration_is_a_duration_and_a_bad_file_names_both_formats(tmp_path):
+    (tmp_path / "flat.json").write_text(json.dumps({"a.py::t": 0}))
+    assert read_durations(tmp_path / "flat.json") == {"a.py::t": 0.0}
+    (tmp_path / "bad.json").write_text("[1]")
+    with pytest.raises(pytest.UsageError) as err:
+        read_durations(tmp_path / "bad.json")
+    assert str(err.value) == (f"--shard-durations {tmp_path / 'bad.json'}: expected a unit_results.json document "
+                              "or a flat {node id: seconds} JSON object")
+
+
+def test_without_the_environment_the_default_is_the_unit_results_under_tests_unit(tmp_path, monkeypatch):
+    monkeypatch.delenv("POSTTRAIN_UNIT_RESULTS_DIR", raising=False)
+    (tmp_path / "tests" / "unit").mkdir(parents=True)
+    (tmp_path / "tests" / "unit" / "unit_results.json").write_text("{}")
+    assert default_durations_path(tmp_path) == tmp_path / "tests" / "unit" / "unit_results.json"
+
+
+def test_a_class_s_tests_stay_in_their_module_s_shard():
+    ids = ["a.py::T::t0", "a.py::T::t1", "a.py::u", "b.py::t"]
+    shards = assign(ids, {"a.py::T::t0": 5.0, "b.py::t": 1.0}, 2)
+    assert shards == [["a.py::T::t0", "a.py::T::t1", "a.py::u"], ["b.py::t"]]
+
+
+def test_no_shard_count_below_one():
+    with pytest.raises(ValueError, match=r"^shard count must be >= 1, got 0$"):
+        assign(["a.py::t"], {}, 0)
+
+
 # ---------------------------------------------------------------- pytest runs (pytester)
 
 TREE_DURATIONS = {"test_alpha.py::test_0": 5.0, "test_alpha.py::test_1": 5.0, "test_beta.py::test_0": 8.0,
@@ -220,6 +248,15 @@ def test_other_shards_are_one_line_of_the_deselection_report(tree):
     result.stdout.fnmatch_lines(["*deselected by the configuration*", "1 deselected: other (your -m / -k)",
                                  f"{others} deselected: in other shards (--shard 2/3)"])
     assert f"{others + 1} deselected: other" not in result.stdout.str()
+
+
+def test_without_any_durations_file_the_tests_weigh_alike(tree, monkeypatch):
+    monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(tree.path / "no_results_here"))
+    everything = all_ids(tree, "--no-unit-results")
+    ids, result = passed(tree, "--no-unit-results", "--shard", "1/2")  # no --shard-durations, no default file
+    assert set(ids) == set(assign(everything, {}, 2)[0])
+    result.stdout.fnmatch_lines([f"shard 1/2: {len(ids)} of {len(everything)} selected tests (est. {len(ids)} s of "
+                                 f"{len(everything)} s)"])
 
 
 @pytest.mark.parametrize("value", ["0/2", "3/2", "a/b"])
@@ -326,3 +363,109 @@ def test_merge_combines_coverage_data(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert merge.main(["out.json", a, b, "--coverage-data", data[0], "junk.coverage"]) == 2
     assert capsys.readouterr().err.startswith("merge: junk.coverage: not coverage data")
+
+
+def coverage_files(tmp_path: Path, runs: dict[str, list[int]]) -> list[str]:
+    """Coverage data files of ``mod.py`` (``def f(x)``: 4 statements), one per shard: the lines it ran."""
+    coverage = pytest.importorskip("coverage")
+    module = tmp_path / "mod.py"
+    module.write_text("def f(x):\n    if x:\n        return 1\n    return 2\n")
+    paths = []
+    for name, lines in runs.items():
+        data = coverage.CoverageData(basename=str(tmp_path / f"{name}.coverage"))
+        data.add_lines({str(module): lines})
+        data.write()
+        paths.append(str(tmp_path / f"{name}.coverage"))
+    return paths
+
+
+def test_merged_coverage_is_rounded_to_2_places_and_no_table_or_data_file_is_left_behind(tmp_path, monkeypatch,
+                                                                                          capsys):
+    monkeypatch.chdir(tmp_path)
+    data = coverage_files(tmp_path, {"a": [1, 2, 3, 7], "cwd": [1, 2, 3, 4, 7, 8]})
+    # a data file of the working directory's own (a run's .coverage) is not one of the shards': left out
+    os.replace(data.pop(), tmp_path / ".coverage")
+    shard = write(tmp_path / "a.json", shard_doc({"x.py::t": {"_elapsed": 1}}))
+    # 6 statements (lines 1, 2, 3, 4, 7, 8), 4 of them run: 66.666...%
+    (tmp_path / "mod.py").write_text("def f(x):\n    if x:\n        return 1\n    return 2\n\n\n"
+                                     "def g():\n    return 3\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    own = (tmp_path / ".coverage").read_bytes()
+    assert merge.main(["out.json", shard, "--coverage-data", *data]) == 0
+    assert json.loads((tmp_path / "out.json").read_text())["coverage"] == 66.67
+    assert capsys.readouterr().out == "merged 1 shard(s), 1 tests, exit_status 0, coverage 66.67: out.json\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*before, "out.json"])
+    assert (tmp_path / ".coverage").read_bytes() == own  # neither read nor overwritten
+
+
+@pytest.mark.parametrize(("setup", "message"), [
+    (lambda tmp, data: os.remove(data[0]), "merge: {a}: no such coverage data file"),
+    (lambda tmp, data: os.remove(tmp / "mod.py"), "merge: coverage data {a}, {b}: No source for code: '{mod}'."),
+])
+def test_coverage_data_that_cannot_be_combined_is_one_line_naming_the_files(tmp_path, monkeypatch, capsys, setup,
+                                                                            message):
+    monkeypatch.chdir(tmp_path)
+    data = coverage_files(tmp_path, {"a": [1, 2], "b": [1, 4]})
+    setup(tmp_path, data)
+    shard = write(tmp_path / "s.json", shard_doc({"x.py::t": {"_elapsed": 1}}))
+    assert merge.main(["out.json", shard, "--coverage-data", *data]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[0].startswith(message.format(a=data[0], b=data[1], mod=tmp_path / "mod.py"))
+    assert err.count("\n") == 1
+
+
+def test_the_machine_is_the_first_shards_and_empty_when_it_does_not_say(tmp_path):
+    a = shard_doc({"x.py::t": {"_elapsed": 1}})
+    del a["gpu_types"], a["cpu_model"]
+    b = shard_doc({"y.py::t": {"_elapsed": 1}}) | {"gpu_types": ["H100"]}
+    merged = merge.merge([("a", a), ("b", b)])
+    assert (merged["gpu_types"], merged["cpu_model"]) == ([], "")
+    merged = merge.merge([("b", b), ("a", a)])
+    assert (merged["gpu_types"], merged["cpu_model"]) == (["H100"], "cpu A")
+
+
+def test_nothing_to_merge_is_an_error():
+    with pytest.raises(merge.MergeError, match=r"^nothing to merge: give at least one unit_results.json$"):
+        merge.merge([])
+
+
+def test_a_json_that_is_not_an_object_with_metrics_is_refused_naming_it(tmp_path, capsys):
+    bad = write(tmp_path / "b.json", "[1, 2]")
+    assert merge.main([str(tmp_path / "out.json"), bad]) == 2
+    assert capsys.readouterr().err == f"merge: {bad}: not a unit_results.json document (no metrics object)\n"
+
+
+def test_only_tests_with_a_recorded_time_have_a_duration(tmp_path):
+    doc = shard_doc({"b.py::t": {"_elapsed": 2}, "a.py::t": {"_elapsed": 0.5}, "c.py::t": {"peak": 1.0},
+                     "d.py::t": {"_elapsed": "1"}, "e.py::t": 3.0})
+    assert list(merge.durations(doc).items()) == [("a.py::t", 0.5), ("b.py::t", 2.0)]
+
+
+def test_the_outputs_are_sorted_indented_json_in_directories_made_for_them(tmp_path):
+    a = write(tmp_path / "a.json", shard_doc({"y.py::t": {"_elapsed": 1}, "x.py::t": {"_elapsed": 2}}))
+    out, durations = tmp_path / "new" / "dir" / "out.json", tmp_path / "other" / "durations.json"
+    assert merge.main([str(out), a, "--write-durations", str(durations)]) == 0
+    for path in (out, durations):
+        doc = json.loads(path.read_text())
+        assert path.read_text() == json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    assert list(json.loads(durations.read_text())) == ["x.py::t", "y.py::t"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out.json"]  # no temporary file left
+
+
+MERGE_HELP = """usage: python -m posttrain.testing.harness.merge [-h] [--coverage-data FILE [FILE ...]]
+[--write-durations PATH] out inputs [inputs ...]
+Merge the unit_results.json files of --shard runs.
+positional arguments:
+out merged unit_results.json to write
+inputs the shards' unit_results.json files
+options:
+-h, --help show this help message and exit
+--coverage-data FILE [FILE ...] the shards' coverage data files (.coverage) to combine into the total
+--write-durations PATH also write {nodeid: seconds} here (for tests/durations.json)"""
+
+
+def test_the_merge_help_names_its_arguments(capsys):
+    with pytest.raises(SystemExit) as exited:
+        merge.main(["--help"])
+    assert exited.value.code == 0
+    assert "".join(capsys.readouterr().out.split()) == "".join(MERGE_HELP.split())  # however argparse wraps it
