@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from posttrain.testing import calibrate
 from posttrain.testing.report.plot_spec import plot_spec
-from posttrain.testing.rules import check_rules
+from posttrain.testing.rules import check_rules, comparisons
 from posttrain.testing.rules.checker import normalize
 
 ORDER = ("<", "<=", ">", ">=")
@@ -218,3 +218,8 @@ def test_a_rule_is_vacuous_exactly_when_no_value_in_its_range_fails_the_checker(
         can_fail = any(not passes(data, rule) for data in healthy)
         (result,) = check_rules(passing[0], [rule])
         assert (result.status == "VACUOUS") is not can_fail, (rule, result)
+
+
+@pytest.mark.parametrize(("op", "at_bound"), [("<", False), ("<=", True), (">", False), (">=", True)])
+def test_a_value_at_the_bound_holds_only_for_a_non_strict_comparison(op, at_bound) -> None:
+    assert comparisons.of(op).holds(2.0, 2.0) is at_bound
