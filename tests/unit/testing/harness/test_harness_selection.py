@@ -98,12 +98,14 @@ def test_without_a_configuration_table_the_report_only_counts(tree, run):
     assert report(result) == ["2 deselected: other (your -m / -k)"]
 
 
-def test_a_bad_configuration_table_is_its_error_in_the_report(tree, run):
+def test_a_bad_configuration_table_is_a_usage_error_in_one_line_before_any_test_runs(tree):
     (tree.path / "bad.toml").write_text("[[configuration]]\nname = 1\n")
     tree.makeini(f"[pytest]\nposttrain_harness = true\nposttrain_configurations = bad.toml\n{MARKERS}")
-    result = run(2, "-m", "not vllm")
-    lines = report(result)
-    assert len(lines) == 1 and lines[0].startswith(f"bad configuration table {tree.path / 'bad.toml'}: ")
+    result = tree.runpytest_inprocess("-m", "not vllm")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith(f"ERROR: bad configuration table {tree.path / 'bad.toml'}: ")
+    assert "passed" not in result.stdout.str()
 
 
 def test_nothing_ran_is_exit_5_with_its_line_and_one_test_run_is_enough(run):
