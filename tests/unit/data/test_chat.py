@@ -212,3 +212,16 @@ def test_each_question_is_rendered_once_however_often_it_is_asked(tiny_tokenizer
     examples = [chat.sft_example(q, "2") for q in questions]  # one more render each: the conversation
     assert [chat.sft_example(q, "2") for q in questions] == examples
     assert counting.renders == 400
+
+
+def test_a_conversation_that_ends_inside_the_generation_prompt_is_refused_saying_it_ends(tiny_tokenizer):
+    """A template that drops assistant turns renders the conversation as a strict prefix of the prompt."""
+    drops_replies = ("{%- for message in messages -%}{%- if message['role'] == 'user' -%}{{- message['content'] -}}"
+                     "{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}{{- 'A:' -}}{%- endif -%}")
+    chat = ChatEncoder(with_template(tiny_tokenizer, drops_replies))
+    with pytest.raises(ConfigError) as err:
+        chat.sft_example("1+1=", "2")
+    assert str(err.value) == ("chat template: a user + assistant conversation does not start with the generation "
+                              "prompt: from token 4 it has nothing (it ends) where the prompt has 'A:' (the user "
+                              "turn rendered differently once an assistant turn follows?); SFT would train on a "
+                              "prompt GRPO never samples from")
