@@ -98,12 +98,12 @@ def test_without_a_configuration_table_the_report_only_counts(tree, run):
     assert report(result) == ["2 deselected: other (your -m / -k)"]
 
 
-def test_a_bad_configuration_table_is_its_error_in_the_report(tree, run):
+def test_a_bad_configuration_table_is_one_usage_error_naming_it(tree, run):
     (tree.path / "bad.toml").write_text("[[configuration]]\nname = 1\n")
     tree.makeini(f"[pytest]\nposttrain_harness = true\nposttrain_configurations = bad.toml\n{MARKERS}")
     result = run(2, "-m", "not vllm")
-    lines = report(result)
-    assert len(lines) == 1 and lines[0].startswith(f"bad configuration table {tree.path / 'bad.toml'}: ")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: bad configuration table {tree.path / 'bad.toml'}: *"])
 
 
 def test_nothing_ran_is_exit_5_with_its_line_and_one_test_run_is_enough(run):
