@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-import posttrain
 from posttrain.testing.harness.parallel import available_cpus, thread_share
 
 REPO = Path(__file__).resolve().parents[4]
@@ -142,10 +141,8 @@ def test_in_the_worker(tracker, request):
 
 def test_under_xdist_the_worker_runs_and_ships_and_the_controller_reports(inner, monkeypatch):
     inner.makepyfile(test_worker=WORKER)
-    # one worker, only xdist's and the harness's plugins in it (a ~0.3 s start instead of ~3 s), the
-    # posttrain this process imported
+    # one worker, only xdist's and the harness's plugins in it (a ~0.3 s start instead of ~3 s)
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    monkeypatch.setenv("PYTHONPATH", str(Path(posttrain.__file__).parents[1]))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     result = run(inner, "-p", "xdist.plugin", "-p", "posttrain.testing.harness.plugin", "-n", "1", "--trace-config",
                  "-k", "not sleeps")
