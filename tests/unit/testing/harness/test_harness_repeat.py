@@ -369,6 +369,7 @@ def test_repeat_is_run_unit_shs_own_flag_and_in_its_usage():
 
 FLAKY = """
 import os
+from pathlib import Path
 
 
 def test_odd(repeat_index):
@@ -376,7 +377,10 @@ def test_odd(repeat_index):
 
 
 def test_steady():
-    assert os.environ["POSTTRAIN_UNIT_RESULTS_DIR"].endswith(f"run-{os.environ['POSTTRAIN_REPEAT_INDEX']}")
+    index = os.environ["POSTTRAIN_REPEAT_INDEX"]
+    assert os.environ["POSTTRAIN_UNIT_RESULTS_DIR"].endswith(f"run-{index}")
+    runner_stdout = os.environ.get("RUNNER_STDOUT")  # a file, as a CI log is: announced before it started
+    assert runner_stdout is None or f"run {index} (" in Path(runner_stdout).read_text()
 """
 
 INFRA = """
@@ -422,25 +426,31 @@ def repeat_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+HARNESS_ONLY = ("-p", "posttrain.testing.harness.plugin", "-p", "no:cacheprovider", "-q")
+
+
 @pytest.fixture
 def run_main(repeat_tree, tmp_path, monkeypatch, capfd):
-    """``repeat.main([N, "--", ...])`` in this process, from ``tmp_path`` (its records go to
-    ``tmp_path/tests/unit``): ``(exit status, stdout, stderr)``, its repetitions' output included.
-    Each repetition is a pytest process with only the harness's plugin (about 1 s; the entry
-    points' plugins, hypothesis's above all, would triple that)."""
+    """``repeat.main([N, "--", *options, *args])`` in this process, from ``tmp_path`` (its records go
+    to ``tmp_path/tests/unit``): ``(exit status, its stdout, stderr)``. Its stdout is a file
+    (block-buffered, as a CI log is; ``$RUNNER_STDOUT`` names it); its repetitions' output goes
+    to capfd. Each repetition is a pytest process with only the harness's plugin (about 1 s; the
+    entry points' plugins, hypothesis's above all, would triple that)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("POSTTRAIN_UNIT_RESULTS_DIR", raising=False)
     monkeypatch.delenv("POSTTRAIN_REPEAT_INDEX", raising=False)  # this file may itself run under --repeat
     monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "0")
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    path = tmp_path / "stdout.txt"
+    monkeypatch.setenv("RUNNER_STDOUT", str(path))
+    with path.open("w", encoding="utf-8") as stdout:
+        def call(count: str, *args: str, options: tuple[str, ...] = HARNESS_ONLY) -> tuple[int, str, str]:
+            monkeypatch.setattr(sys, "stdout", stdout)  # here: capture sets its own at the test's start
+            code = main([count, "--", *options, *(str(repeat_tree / a) if a.endswith(".py") else a for a in args)])
+            stdout.flush()
+            return code, path.read_text(encoding="utf-8"), capfd.readouterr().err
 
-    def call(count: str, *args: str) -> tuple[int, str, str]:
-        code = main([count, "--", "-p", "posttrain.testing.harness.plugin", "-p", "no:cacheprovider", "-q",
-                     *(str(repeat_tree / a) if a.endswith(".py") else a for a in args)])
-        out, err = capfd.readouterr()
-        return code, out, err
-
-    return call
+        yield call
 
 
 def split_rows(lines: list[str]) -> list[list[str]]:
@@ -456,6 +466,14 @@ def test_the_runner_without_n_and_dashes_prints_its_usage_and_exits_2(argv, caps
 def test_the_runner_refuses_a_bad_n_in_one_line_before_any_run(capsys):
     assert main(["0", "--", "-k", "x"]) == 2
     assert capsys.readouterr() == ("", "run_unit.sh: --repeat needs a positive integer, got '0'\n")
+
+
+def test_n_and_dashes_alone_run_pytest_on_its_own_selection(run_main):
+    code, out, _ = run_main("1", options=())  # in an empty directory: nothing to collect
+    assert code == 5, out
+    assert out.splitlines()[-2:] == ["run_unit.sh --repeat: exit 5: nothing was tested",
+                                     f"records: {Path.cwd()}/tests/unit/unit_results/repeat/run-*/ (junit.xml, "
+                                     "unit_results.json)"]
 
 
 def test_a_flaky_test_passes_half_of_two_runs_and_fails_them_beside_an_infrastructure_error(run_main, tmp_path):
