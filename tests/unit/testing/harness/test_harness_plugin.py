@@ -131,6 +131,18 @@ def test_p_no_name_turns_that_part_off_and_leaves_the_others(inner, name, gone):
 WORKER = '''
 import os
 
+import pytest
+
+
+@pytest.fixture
+def tracked_then_broken(tracker):
+    tracker.track("before_the_error", 1)
+    raise RuntimeError("the set-up fails after tracking")
+
+
+def test_set_up_error(tracked_then_broken):
+    pass
+
 
 def test_in_the_worker(tracker, request):
     plugins = request.config.pluginmanager.list_name_plugin()
@@ -146,7 +158,7 @@ def test_under_xdist_the_worker_runs_and_ships_and_the_controller_reports(inner,
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     result = run(inner, "-p", "xdist.plugin", "-p", "posttrain.testing.harness.plugin", "-n", "1", "--trace-config",
                  "-k", "not sleeps")
-    assert result.ret == 0, result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()  # test_set_up_error's error
     assert parts(result) == {"posttrain-selection": "Selection", "posttrain-skips": "SkipAccounting",
                              "posttrain-ray-leaks": "RayLeakCheck", "posttrain-unit-results": "UnitResults",
                              "posttrain-xdist-controller": "ControllerReport"}
@@ -155,8 +167,9 @@ def test_under_xdist_the_worker_runs_and_ships_and_the_controller_reports(inner,
                                  "*deselected by the configuration*", "1 deselected: other (your -m / -k)"])
     metrics = json.loads((inner.path / "results" / "unit_results.json").read_text())["metrics"]
     assert set(metrics) == {"test_inner.py::test_tracks", "test_inner.py::test_skips",
-                            "test_worker.py::test_in_the_worker"}
+                            "test_worker.py::test_set_up_error", "test_worker.py::test_in_the_worker"}
     assert metrics["test_inner.py::test_tracks"]["answer"] == 42  # shipped from the worker
+    assert metrics["test_worker.py::test_set_up_error"] == {"before_the_error": 1}  # no call: no _elapsed
     worker = metrics["test_worker.py::test_in_the_worker"]
     assert worker["parts"] == ["posttrain-ray-leaks", "posttrain-selection", "posttrain-skips",
                                "posttrain-unit-results", "posttrain-xdist-threads", "posttrain-xdist-worker"]
