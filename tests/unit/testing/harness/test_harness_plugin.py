@@ -116,7 +116,7 @@ def test_the_parts_are_registered_under_their_names_and_each_tests_call_time_is_
     ("posttrain-skips", "*skips by reason (not strict: --strict-skips or CI=true fails on an undeclared or "
                         "unexpected skip)*"),
     ("posttrain-unit-results", "unit results: *"),
-])
+], ids=["selection", "skips", "unit-results"])
 def test_p_no_name_turns_that_part_off_and_leaves_the_others(inner, name, gone):
     args = ("--fail-on-nothing-ran", "-k", "skips")  # the only test selected skips: nothing ran
     result = run(inner, *args)
@@ -156,6 +156,10 @@ def test_under_xdist_the_worker_runs_and_ships_and_the_controller_reports(inner,
     # one worker, only xdist's and the harness's plugins in it (a ~0.3 s start instead of ~3 s)
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    # the controller sets RAY_AUTH_TOKEN for its workers, here in this process: set and deleted
+    # through monkeypatch, so that its undo removes whatever the controller set
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "")
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
     result = run(inner, "-p", "xdist.plugin", "-p", "posttrain.testing.harness.plugin", "-n", "1", "--trace-config",
                  "-k", "not sleeps")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()  # test_set_up_error's error
