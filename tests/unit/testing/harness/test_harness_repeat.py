@@ -1,11 +1,13 @@
 """``run_unit.sh --repeat N`` (posttrain.testing.harness.repeat): the JUnit XML read back, the
 infrastructure patterns against real Ray and posttrain messages, the pass-rate table and its
-exit status, and end to end on a deliberately flaky test (pytester and run_unit.sh)."""
+exit status; end to end, the runner's ``main`` in this process on a deliberately flaky test, a
+crashing one and Ctrl-C (each repetition a real pytest process), run_unit.sh on the same flaky test."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,7 @@ from posttrain.testing.harness.repeat import (
     TestResult,
     describe_exit,
     infra_cause,
+    main,
     node_id,
     parse_repeat,
     read_junit,
@@ -362,10 +365,11 @@ def test_repeat_is_run_unit_shs_own_flag_and_in_its_usage():
     assert "  --repeat N " in usage(TABLE) and "3 infrastructure errors" in usage(TABLE)
 
 
-# ---------------------------------------------------------------- end to end
+# ---------------------------------------------------------------- end to end: main in this process
 
-FLAKY = '''
+FLAKY = """
 import os
+from pathlib import Path
 
 
 def test_odd(repeat_index):
@@ -373,97 +377,185 @@ def test_odd(repeat_index):
 
 
 def test_steady():
-    assert os.environ["POSTTRAIN_UNIT_RESULTS_DIR"].endswith(f"run-{os.environ['POSTTRAIN_REPEAT_INDEX']}")
-'''
+    index = os.environ["POSTTRAIN_REPEAT_INDEX"]
+    assert os.environ["POSTTRAIN_UNIT_RESULTS_DIR"].endswith(f"run-{index}")
+    runner_stdout = os.environ.get("RUNNER_STDOUT")  # a file, as a CI log is: announced before it started
+    assert runner_stdout is None or f"run {index} (" in Path(runner_stdout).read_text()
+"""
 
-INFRA = '''
+INFRA = """
 from posttrain.errors import RayStartError
 
 
 def test_cluster():
     raise RayStartError("Ray's local node timed out during startup on all 5 attempts (the machine is busy)")
-'''
+"""
 
-CRASH = '''
+CRASH = """
 import os
 import signal
+from pathlib import Path
 
 
-def test_dies():
+def test_dies(repeat_index):
+    if repeat_index == 1:  # killed while writing its record: a junit.xml that is not XML
+        (Path(os.environ["POSTTRAIN_UNIT_RESULTS_DIR"]) / "junit.xml").write_text("<testsuites")
     os.kill(os.getpid(), signal.SIGKILL)
-'''
+"""
+
+CTRL_C = """
+import os
+import signal
+import time
+
+
+def test_interrupted(repeat_index):
+    if repeat_index == 1:  # Ctrl-C during the second run: SIGINT reaches the runner
+        os.kill(os.getppid(), signal.SIGINT)
+        time.sleep(10)  # the interrupted runner kills this run
+"""
+
+
+@pytest.fixture(scope="module")
+def repeat_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test files above and an ini that turns the harness on, shared by the runner's tests."""
+    root = tmp_path_factory.mktemp("repeat_tree")
+    (root / "pytest.ini").write_text("[pytest]\nposttrain_harness = true\n")
+    for name, text in {"test_flaky": FLAKY, "test_infra": INFRA, "test_crash": CRASH, "test_ctrl_c": CTRL_C}.items():
+        (root / f"{name}.py").write_text(text)
+    return root
+
+
+HARNESS_ONLY = ("-p", "posttrain.testing.harness.plugin", "-p", "no:cacheprovider", "-q")
 
 
 @pytest.fixture
+def run_main(repeat_tree, tmp_path, monkeypatch, capfd):
+    """``repeat.main([N, "--", *options, *args])`` in this process, from ``tmp_path`` (its records go
+    to ``tmp_path/tests/unit``): ``(exit status, its stdout, stderr)``. Its stdout is a file
+    (block-buffered, as a CI log is; ``$RUNNER_STDOUT`` names it); its repetitions' output goes
+    to capfd. Each repetition is a pytest process with only the harness's plugin (about 1 s; the
+    entry points' plugins, hypothesis's above all, would triple that)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("POSTTRAIN_UNIT_RESULTS_DIR", raising=False)
+    monkeypatch.delenv("POSTTRAIN_REPEAT_INDEX", raising=False)  # this file may itself run under --repeat
+    monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "0")
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    path = tmp_path / "stdout.txt"
+    monkeypatch.setenv("RUNNER_STDOUT", str(path))
+    with path.open("w", encoding="utf-8") as stdout:
+        def call(count: str, *args: str, options: tuple[str, ...] = HARNESS_ONLY) -> tuple[int, str, str]:
+            monkeypatch.setattr(sys, "stdout", stdout)  # here: capture sets its own at the test's start
+            code = main([count, "--", *options, *(str(repeat_tree / a) if a.endswith(".py") else a for a in args)])
+            stdout.flush()
+            return code, path.read_text(encoding="utf-8"), capfd.readouterr().err
+
+        yield call
+
+
+def split_rows(lines: list[str]) -> list[list[str]]:
+    return [line.split() for line in lines]
+
+
+@pytest.mark.parametrize("argv", [[], ["2"], ["2", "-k", "x"]], ids=["nothing", "no-dashes", "no-dashes-args"])
+def test_the_runner_without_n_and_dashes_prints_its_usage_and_exits_2(argv, capsys):
+    assert main(argv) == 2
+    assert capsys.readouterr() == ("", "usage: python -m posttrain.testing.harness.repeat N -- PYTEST_ARGS...\n")
+
+
+def test_the_runner_refuses_a_bad_n_in_one_line_before_any_run(capsys):
+    assert main(["0", "--", "-k", "x"]) == 2
+    assert capsys.readouterr() == ("", "run_unit.sh: --repeat needs a positive integer, got '0'\n")
+
+
+def test_n_and_dashes_alone_run_pytest_on_its_own_selection(run_main):
+    code, out, _ = run_main("1", options=())  # in an empty directory: nothing to collect
+    assert code == 5, out
+    assert out.splitlines()[-2:] == ["run_unit.sh --repeat: exit 5: nothing was tested",
+                                     f"records: {Path.cwd()}/tests/unit/unit_results/repeat/run-*/ (junit.xml, "
+                                     "unit_results.json)"]
+
+
+def test_a_flaky_test_passes_half_of_two_runs_and_fails_them_beside_an_infrastructure_error(run_main, tmp_path):
+    code, out, _ = run_main("2", "--junitxml=mine.xml", "test_flaky.py", "test_infra.py")  # ours wins: last
+    assert code == 1, out
+    lines = out.splitlines()
+    assert [line for line in lines if line.startswith("run_unit.sh --repeat: run ")] == [
+        "run_unit.sh --repeat: run 0 (1 of 2, POSTTRAIN_REPEAT_INDEX=0)",
+        "run_unit.sh --repeat: run 1 (2 of 2, POSTTRAIN_REPEAT_INDEX=1)"]
+    records = tmp_path / "tests" / "unit" / "unit_results" / "repeat"
+    report = lines[lines.index("run_unit.sh --repeat: 2 runs, pass rate per test") + 1:]
+    assert split_rows(report[:4]) == [["test", "runs", "passed", "failed", "infra", "skipped", "pass", "rate"],
+                                      ["test_flaky.py::test_odd", "2", "1", "1", "0", "0", "50%"],
+                                      ["test_flaky.py::test_steady", "2", "2", "0", "0", "0", "100%"],
+                                      ["test_infra.py::test_cluster", "2", "0", "0", "2", "0", "-"]]
+    ray_start = ("test_infra.py::test_cluster: Ray did not start: posttrain.errors.RayStartError: Ray's local node "
+                 "timed out during startup on all 5 attempts (the machine is busy)")
+    assert report[4:] == [
+        f"run 0 infrastructure error: {ray_start}"[:160],
+        "run 1 failed: test_flaky.py::test_odd: AssertionError: odd repetition 1",
+        f"run 1 infrastructure error: {ray_start}"[:160],
+        "2 runs of 3 tests: 1 flaky (passed and failed), 0 always failed, 2 infrastructure errors",
+        "run_unit.sh --repeat: exit 1: a test failed in at least one run",
+        f"records: {records}/run-*/ (junit.xml, unit_results.json)"]
+    for i in range(2):  # each repetition kept its own records (test_steady checked its directory)
+        assert (records / f"run-{i}" / "junit.xml").is_file() and (records / f"run-{i}" / "unit_results.json").is_file()
+
+
+def test_a_pytest_killed_mid_run_is_an_infrastructure_error_for_the_whole_run(run_main, tmp_path):
+    stale = tmp_path / "tests" / "unit" / "unit_results" / "repeat" / "run-0" / "junit.xml"
+    stale.parent.mkdir(parents=True)
+    stale.write_text(junit(case("test_dies")))  # an earlier --repeat's record must not stand in for this run's
+    code, out, _ = run_main("2", "test_crash.py")
+    assert code == EXIT_INFRA, out
+    killed = "pytest exited with signal SIGKILL and left no readable JUnit XML (killed or crashed)"
+    assert out.splitlines()[-6:] == [
+        "test  runs  passed  failed  infra  skipped  pass rate",
+        f"run 0 infrastructure error: {killed}", f"run 1 infrastructure error: {killed}",
+        "2 runs of 0 tests: 0 flaky (passed and failed), 0 always failed, 2 infrastructure errors",
+        "run_unit.sh --repeat: exit 3: infrastructure errors only, no test failure",
+        f"records: {stale.parent.parent}/run-*/ (junit.xml, unit_results.json)"]
+
+
+def test_pytest_refusing_the_arguments_stops_at_the_first_run_with_exit_2(run_main):
+    code, out, err = run_main("3", "-Z", "test_flaky.py")
+    assert code == 2, out + err
+    assert err.endswith("\nrun_unit.sh: pytest refused the arguments (see above): exit 2\n"), err
+    assert [line for line in out.splitlines() if line.startswith("run_unit.sh --repeat")] == [
+        "run_unit.sh --repeat: run 0 (1 of 3, POSTTRAIN_REPEAT_INDEX=0)"]
+
+
+def test_ctrl_c_prints_the_finished_runs_and_exits_130(run_main):
+    # as in a terminal: SIGINT raises KeyboardInterrupt (mutmut's workers ignore it)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code, out, err = run_main("3", "test_ctrl_c.py")
+    except KeyboardInterrupt:
+        pytest.fail("the runner let Ctrl-C through")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == 130, out + err
+    lines = out.splitlines()
+    assert [line for line in lines if line.startswith("run_unit.sh --repeat")] == [
+        "run_unit.sh --repeat: run 0 (1 of 3, POSTTRAIN_REPEAT_INDEX=0)",
+        "run_unit.sh --repeat: run 1 (2 of 3, POSTTRAIN_REPEAT_INDEX=1)"]
+    assert split_rows(lines[-3:-1]) == [["test", "runs", "passed", "failed", "infra", "skipped", "pass", "rate"],
+                                        ["test_ctrl_c.py::test_interrupted", "1", "1", "0", "0", "0", "100%"]]
+    assert lines[-1] == "1 runs of 1 tests: 0 flaky (passed and failed), 0 always failed, 0 infrastructure errors"
+    assert err == "run_unit.sh --repeat: interrupted after 1 of 3 runs: exit 130\n"
+
+
+# ---------------------------------------------------------------- run_unit.sh and the fixture (pytester)
+
+@pytest.fixture
 def tree(pytester, monkeypatch):
-    """test_flaky.py (test_odd fails on odd repetitions), test_infra.py, test_crash.py; harness on."""
+    """test_flaky.py (test_odd fails on odd repetitions); harness on."""
     monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
     monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "0")
     monkeypatch.delenv("POSTTRAIN_REPEAT_INDEX", raising=False)  # this file may itself run under --repeat
-    pytester.makepyfile(test_flaky=FLAKY, test_infra=INFRA, test_crash=CRASH)
+    pytester.makepyfile(test_flaky=FLAKY)
     pytester.makeini("[pytest]\nposttrain_harness = true\n")
     return pytester
-
-
-def repeat(pytester, count: str, *args: str) -> pytest.RunResult:
-    return pytester.run(sys.executable, "-m", "posttrain.testing.harness.repeat", count, "--", "-p",
-                        "no:cacheprovider", *args, timeout=300)
-
-
-def row(result: pytest.RunResult, nodeid: str) -> list[str]:
-    (line,) = [line for line in result.outlines if line.startswith(nodeid + " ")]
-    return line.split()
-
-
-def test_a_flaky_test_repeated_four_times_passes_half_the_time_and_fails_the_run(tree):
-    result = repeat(tree, "4", "test_flaky.py")
-    assert result.ret == 1, result.stdout.str()
-    assert row(result, "test_flaky.py::test_odd") == ["test_flaky.py::test_odd", "4", "2", "2", "0", "0", "50%"]
-    assert row(result, "test_flaky.py::test_steady")[1:] == ["4", "4", "0", "0", "0", "100%"]
-    result.stdout.fnmatch_lines([
-        "run_unit.sh --repeat: run 0 (1 of 4, POSTTRAIN_REPEAT_INDEX=0)",
-        "run_unit.sh --repeat: run 3 (4 of 4, POSTTRAIN_REPEAT_INDEX=3)",
-        "run 1 failed: test_flaky.py::test_odd: AssertionError: odd repetition 1*",
-        "run 3 failed: test_flaky.py::test_odd: AssertionError: odd repetition 3*",
-        "4 runs of 2 tests: 1 flaky (passed and failed), 0 always failed, 0 infrastructure errors",
-        "run_unit.sh --repeat: exit 1: a test failed in at least one run"])
-    for i in range(4):  # each repetition kept its own records
-        records = tree.path / "results" / "unit_results" / "repeat" / f"run-{i}"
-        assert (records / "junit.xml").is_file() and (records / "unit_results.json").is_file()
-
-
-def test_an_always_passing_test_exits_0(tree):
-    result = repeat(tree, "2", "test_flaky.py", "-k", "steady", "--junitxml=mine.xml")  # ours wins: last
-    assert result.ret == 0, result.stdout.str()
-    result.stdout.fnmatch_lines(["2 runs of 1 tests: 0 flaky (passed and failed), 0 always failed, "
-                                 "0 infrastructure errors"])
-
-
-def test_an_infrastructure_error_alone_exits_3(tree):
-    result = repeat(tree, "2", "test_infra.py")
-    assert result.ret == EXIT_INFRA, result.stdout.str()
-    assert row(result, "test_infra.py::test_cluster")[1:] == ["2", "0", "0", "2", "0", "-"]
-    result.stdout.fnmatch_lines(["run 0 infrastructure error: test_infra.py::test_cluster: Ray did not start: *",
-                                 "2 runs of 1 tests: 0 flaky (passed and failed), 0 always failed, "
-                                 "2 infrastructure errors"])
-
-
-def test_a_pytest_killed_mid_run_is_an_infrastructure_error_for_the_whole_run(tree):
-    stale = tree.path / "results" / "unit_results" / "repeat" / "run-0" / "junit.xml"
-    stale.parent.mkdir(parents=True)
-    stale.write_text(junit(case("test_dies")))  # an earlier --repeat's record must not stand in for this run's
-    result = repeat(tree, "1", "test_crash.py")
-    assert result.ret == EXIT_INFRA, result.stdout.str()
-    result.stdout.fnmatch_lines(["run 0 infrastructure error: pytest exited with signal SIGKILL and left no "
-                                 "readable JUnit XML (killed or crashed)"])
-
-
-def test_pytest_refusing_the_arguments_stops_at_the_first_run_with_exit_2(tree):
-    result = repeat(tree, "3", "-Z", "test_flaky.py")
-    assert result.ret == 2, result.stdout.str()
-    assert "run_unit.sh: pytest refused the arguments (see above): exit 2" in result.stderr.str()
-    assert [line for line in result.outlines if line.startswith("run_unit.sh --repeat: run ")] == [
-        "run_unit.sh --repeat: run 0 (1 of 3, POSTTRAIN_REPEAT_INDEX=0)"]
 
 
 def test_a_bad_repeat_index_is_one_usage_error(tree, monkeypatch):
