@@ -12,6 +12,7 @@ import pytest
 
 from posttrain.testing import calibrate
 from posttrain.testing.check_metrics import main as check_metrics_main
+from posttrain.testing.rules import comparisons
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 HEALTHY = [str(FIXTURES / "grpo_vllm_healthy.json"), str(FIXTURES / "grpo_async_healthy.json")]
@@ -218,7 +219,7 @@ def test_what_has_no_statistic_is_refused_naming_the_value(call, message) -> Non
 
 @pytest.mark.parametrize(("op", "at_bound"), [("<", False), ("<=", True), (">", False), (">=", True)])
 def test_a_value_at_the_bound_holds_only_for_a_non_strict_comparison(op, at_bound) -> None:
-    assert calibrate.holds(2.0, op, 2.0) is at_bound
+    assert comparisons.of(op).holds(2.0, 2.0) is at_bound
 
 
 # --- a rule's quantity ---
