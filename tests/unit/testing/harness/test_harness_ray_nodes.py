@@ -17,22 +17,24 @@ from posttrain.testing.harness import ray_nodes
 from posttrain.testing.harness.ray_nodes import LocalRayCluster, RayNode, process_tree
 
 
-def test_bad_arguments_are_one_line_and_exit_2(capsys):
+def test_bad_arguments_are_one_line_and_exit_2(capsys, monkeypatch, tmp_path):
+    # refused before any node starts (a node started here would outlive a test that is killed)
+    monkeypatch.setattr(ray_nodes, "_start_node", lambda *args: pytest.fail(f"a node was started: {args}"))
     with pytest.raises(SystemExit) as exit_:
-        ray_nodes.main(["start", "--nodes", "0", "--state", "x"])
+        ray_nodes.main(["start", "--nodes", "0", "--state", str(tmp_path)])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--nodes must be >= 1 and --num-cpus >= 0, "
                                                                      "got 0 and 1")
     with pytest.raises(SystemExit):
-        ray_nodes.main(["start", "--num-cpus", "-1", "--state", "x"])
+        ray_nodes.main(["start", "--num-cpus", "-1", "--state", str(tmp_path)])
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("got 2 and -1")
     with pytest.raises(SystemExit):
         ray_nodes.main(["start"])  # --state is required
     assert "--state" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"^a cluster needs nodes >= 1 and num_cpus >= 0, got nodes=0, num_cpus=1$"):
-        ray_nodes.start_cluster(0, "unused")
+        ray_nodes.start_cluster(0, tmp_path)
     with pytest.raises(ValueError, match=r"got nodes=1, num_cpus=-1$"):
-        ray_nodes.start_cluster(1, "unused", num_cpus=-1)
+        ray_nodes.start_cluster(1, tmp_path, num_cpus=-1)
 
 
 def test_stop_without_a_recorded_cluster_is_one_line_and_exit_2(tmp_path, capsys):
