@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from posttrain.testing.harness import remote_testmon  # its testmon_asked would be collected as a test
 from posttrain.testing.harness.remote_testmon import (
     MAP_FILE,
     STATE_FILE,
@@ -28,7 +29,6 @@ from posttrain.testing.harness.remote_testmon import (
     import_root,
     only_markexpr_blocks_selection,
     relpath,
-    testmon_asked,
 )
 
 REPO_TABLE = Path(__file__).resolve().parents[4] / "tests" / "configurations.toml"
@@ -338,7 +338,7 @@ def options(**values) -> SimpleNamespace:
     ({"testmon": False, "testmon_forceselect": False}, False),
 ])  # fmt: skip
 def test_testmon_counts_as_asked_for_by_either_select_flag_unless_switched_off(values, asked):
-    assert testmon_asked(options(**values)) is asked
+    assert remote_testmon.testmon_asked(options(**values)) is asked
 
 
 @pytest.mark.parametrize(("values", "blocks"), [
