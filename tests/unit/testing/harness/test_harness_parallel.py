@@ -273,15 +273,18 @@ def test_a_shard_runs_exactly_its_part_and_the_controller_prints_its_lines(tree)
                   "test_beta.py::test_1", "test_gamma.py::test_0", "test_zeta.py::test_0"]  # -m drops gamma's slow one
     expected = assign(everything, DURATIONS, 2)[1]
     assert 0 < len(expected) < len(everything)
-    # a conftest's own collection line, from the arguments pytest hands that hook, reaches the controller too
+    # a conftest's own collection lines (a hook may return a list), from the arguments pytest hands that
+    # hook, reach the controller too
     tree.makeconftest("def pytest_report_collectionfinish(config, start_path, items):\n"
-                      "    return f'conftest: {start_path.name}, {len(items)} items, -m {config.option.markexpr}'\n")
+                      "    return [f'conftest: {start_path.name}, {len(items)} items',\n"
+                      "            f'-m {config.option.markexpr}']\n")
     result = run(tree, 2, "--shard", "2/2", "-m", "not slow")
     assert sorted(metrics(tree)) == sorted(expected)
     result.stdout.fnmatch_lines([
         "*collection (reported by the xdist workers)*",
         f"shard 2/2: {len(expected)} of 7 selected tests (est. * s of * s)",
-        f"conftest: {tree.path.name}, {len(expected)} items, -m not slow",
+        f"conftest: {tree.path.name}, {len(expected)} items",
+        "-m not slow",
         "*deselected by the configuration*",
         "1 deselected: other (your -m / -k)",
         f"{7 - len(expected)} deselected: in other shards (--shard 2/2)",
