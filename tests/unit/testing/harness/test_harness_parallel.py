@@ -73,7 +73,8 @@ def test_a_slow_test_without_a_record_weighs_at_least_the_slow_markers_threshold
     assert heaviest_modules_first(ids, {**durations, "new_slow.py::t": 0.1}, slow=frozenset({"new_slow.py::t"})) == ids
 
 
-@pytest.mark.parametrize(("cpus", "workers", "threads"), [(2, 2, 1), (16, 16, 1), (16, 4, 4), (16, 3, 5), (1, 4, 1)])
+@pytest.mark.parametrize(("cpus", "workers", "threads"), [(2, 2, 1), (16, 16, 1), (16, 4, 4), (16, 3, 5), (1, 4, 1),
+                                                            (4, 1, 4), (3, 0, 3)])
 def test_a_worker_gets_its_share_of_the_cpus_as_threads(cpus, workers, threads):
     assert thread_share(cpus, workers) == threads
 
@@ -127,6 +128,8 @@ def test_a_worker_sets_its_thread_share_and_ray_niceness_only_where_unset(monkey
     monkeypatch.delenv("MKL_NUM_THREADS")
     assert limit_worker_threads(worker) == 5  # your OMP_NUM_THREADS is torch's count
     assert [os.environ[name] for name in (*THREAD_ENV_VARS, RAY_NICENESS_ENV)] == ["5", "2", "7", "3"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert limit_worker_threads(worker) == 1
     for own in ("0", "lots"):  # not a thread count: the share
         monkeypatch.setenv("OMP_NUM_THREADS", own)
         assert limit_worker_threads(worker) == 2
