@@ -42,6 +42,7 @@ TOKEN_FILE = "auth_token"
 # Ray's own start-up is ~5-15 s a node on a quiet 2-core machine; a busy one needs more.
 DEFAULT_START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 20.0
+REAP_TIMEOUT_S = 5.0  # SIGKILL to exit; more only for a process stuck in the kernel
 
 
 @dataclass
@@ -195,10 +196,16 @@ def _signal(pid: int, sig: int) -> None:
 
 
 def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass  # not our child (a cluster started by another process, e.g. the functional script's)
+    # A node just sent SIGKILL exits a moment later: wait for it (bounded), or it stays our zombie
+    deadline = time.monotonic() + REAP_TIMEOUT_S
+    while True:
+        try:
+            reaped, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return  # reaped, or not our child (a cluster started by another process, e.g. the functional script's)
+        if reaped or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
 
 
 def free_port() -> int:

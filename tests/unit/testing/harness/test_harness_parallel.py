@@ -12,17 +12,25 @@ from __future__ import annotations
 import json
 import os
 import re
+from types import SimpleNamespace
 
 import pytest
 
 from posttrain.testing.harness.configurations import xdist_schedule_args
 from posttrain.testing.harness.parallel import (
     RAY_AUTH_ENV_VARS,
+    RAY_NICENESS_ENV,
     SLOW_TEST_S,
     THREAD_ENV_VARS,
+    ControllerReport,
+    WorkerThreads,
     available_cpus,
     heaviest_modules_first,
+    limit_worker_threads,
+    received,
+    role,
     share_ray_auth_token,
+    ship,
     thread_share,
 )
 from posttrain.testing.harness.shards import assign
@@ -65,9 +73,87 @@ def test_a_slow_test_without_a_record_weighs_at_least_the_slow_markers_threshold
     assert heaviest_modules_first(ids, {**durations, "new_slow.py::t": 0.1}, slow=frozenset({"new_slow.py::t"})) == ids
 
 
-@pytest.mark.parametrize(("cpus", "workers", "threads"), [(2, 2, 1), (16, 16, 1), (16, 4, 4), (16, 3, 5), (1, 4, 1)])
+@pytest.mark.parametrize(("cpus", "workers", "threads"), [(2, 2, 1), (16, 16, 1), (16, 4, 4), (16, 3, 5), (1, 4, 1),
+                                                            (4, 1, 4), (3, 0, 3)])
 def test_a_worker_gets_its_share_of_the_cpus_as_threads(cpus, workers, threads):
     assert thread_share(cpus, workers) == threads
+
+
+def test_the_role_is_told_by_xdist_s_worker_input_and_dist_option():
+    assert role(SimpleNamespace(option=SimpleNamespace(dist="no"))) == "single"
+    assert role(SimpleNamespace(option=SimpleNamespace())) == "single"  # xdist not installed: no dist option
+    assert role(SimpleNamespace(option=SimpleNamespace(dist="loadfile"))) == "controller"
+    assert role(SimpleNamespace(option=SimpleNamespace(dist="no"), workerinput={})) == "worker"
+
+
+def test_what_a_worker_ships_is_what_the_controller_receives_and_nothing_shipped_is_none():
+    worker = SimpleNamespace(workeroutput={})  # xdist's config.workeroutput, sent back as the node's
+    ship(worker, "collection_lines", ["shard 1/2: 3 tests"])
+    ship(worker, "state", {"a": 1})
+    assert worker.workeroutput == {"posttrain": {"collection_lines": ["shard 1/2: 3 tests"], "state": {"a": 1}}}
+    assert received(worker, "collection_lines") == ["shard 1/2: 3 tests"]
+    assert received(worker, "missing") is None
+    # a worker that crashed: no workeroutput, an empty one, or nothing from this plugin
+    for node in (SimpleNamespace(), SimpleNamespace(workeroutput=None), SimpleNamespace(workeroutput={}),
+                 SimpleNamespace(workeroutput={"other": {"collection_lines": 1}})):
+        assert received(node, "collection_lines") is None
+
+
+def test_the_controller_prints_the_first_workers_lines_once(capsys):
+    report = ControllerReport()
+    report.pytest_testnodedown(SimpleNamespace(), None)  # a crashed worker first
+    report.pytest_testnodedown(SimpleNamespace(workeroutput={"posttrain": {"collection_lines": ["one", "two"]}}), None)
+    report.pytest_testnodedown(SimpleNamespace(workeroutput={"posttrain": {"collection_lines": ["other"]}}), None)
+    printed: list[tuple] = []
+    writer = SimpleNamespace(section=lambda *a, **k: printed.append(("section", a, k)),
+                             write_line=lambda line: printed.append(("line", line)))
+    report.pytest_terminal_summary(writer)
+    assert printed == [("section", ("collection (reported by the xdist workers)",), {"sep": "-"}),
+                       ("line", "one"), ("line", "two")]
+    printed.clear()
+    ControllerReport().pytest_terminal_summary(writer)  # no worker shipped lines: no section
+    assert printed == []
+
+
+def test_a_worker_sets_its_thread_share_and_ray_niceness_only_where_unset(monkeypatch):
+    for name in (*THREAD_ENV_VARS, RAY_NICENESS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    worker = SimpleNamespace(workerinput={"workercount": 3})
+    assert limit_worker_threads(worker) == 2
+    assert [os.environ[name] for name in (*THREAD_ENV_VARS, RAY_NICENESS_ENV)] == ["2", "2", "2", "0"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    monkeypatch.setenv("RAYON_NUM_THREADS", "7")
+    monkeypatch.setenv(RAY_NICENESS_ENV, "3")
+    monkeypatch.delenv("MKL_NUM_THREADS")
+    assert limit_worker_threads(worker) == 5  # your OMP_NUM_THREADS is torch's count
+    assert [os.environ[name] for name in (*THREAD_ENV_VARS, RAY_NICENESS_ENV)] == ["5", "2", "7", "3"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert limit_worker_threads(worker) == 1
+    for own in ("0", "lots"):  # not a thread count: the share
+        monkeypatch.setenv("OMP_NUM_THREADS", own)
+        assert limit_worker_threads(worker) == 2
+
+
+def test_the_cpus_are_the_affinity_mask_or_the_cpu_count_where_there_is_none(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3} if pid == 0 else set())
+    assert available_cpus() == 2
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert available_cpus() == 6
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert available_cpus() == 1
+
+
+def test_each_test_in_a_worker_starts_with_torch_at_the_workers_share():
+    torch = pytest.importorskip("torch")
+    own = torch.get_num_threads()
+    try:
+        torch.set_num_threads(own + 2)  # what the previous test left
+        WorkerThreads(own + 1).pytest_runtest_setup(None)
+        assert torch.get_num_threads() == own + 1
+    finally:
+        torch.set_num_threads(own)
 
 
 # ---------------------------------------------------------------- pytest runs
@@ -190,11 +276,18 @@ def test_a_shard_runs_exactly_its_part_and_the_controller_prints_its_lines(tree)
                   "test_beta.py::test_1", "test_gamma.py::test_0", "test_zeta.py::test_0"]  # -m drops gamma's slow one
     expected = assign(everything, DURATIONS, 2)[1]
     assert 0 < len(expected) < len(everything)
+    # a conftest's own collection lines (a hook may return a list), from the arguments pytest hands that
+    # hook, reach the controller too
+    tree.makeconftest("def pytest_report_collectionfinish(config, start_path, items):\n"
+                      "    return [f'conftest: {start_path.name}, {len(items)} items',\n"
+                      "            f'-m {config.option.markexpr}']\n")
     result = run(tree, 2, "--shard", "2/2", "-m", "not slow")
     assert sorted(metrics(tree)) == sorted(expected)
     result.stdout.fnmatch_lines([
         "*collection (reported by the xdist workers)*",
         f"shard 2/2: {len(expected)} of 7 selected tests (est. * s of * s)",
+        f"conftest: {tree.path.name}, {len(expected)} items",
+        "-m not slow",
         "*deselected by the configuration*",
         "1 deselected: other (your -m / -k)",
         f"{7 - len(expected)} deselected: in other shards (--shard 2/2)",

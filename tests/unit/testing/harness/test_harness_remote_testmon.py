@@ -9,12 +9,27 @@ harness's unit_results.json (one entry per test whose call phase ran).
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from posttrain.testing.harness.remote_testmon import MAP_FILE, STATE_FILE, ImportMap
+from posttrain.testing.harness import remote_testmon  # its testmon_asked would be collected as a test
+from posttrain.testing.harness.remote_testmon import (
+    MAP_FILE,
+    STATE_FILE,
+    ImportMap,
+    RemoteState,
+    file_hash,
+    fixture_name,
+    home_file,
+    import_root,
+    only_markexpr_blocks_selection,
+    relpath,
+)
 
 REPO_TABLE = Path(__file__).resolve().parents[4] / "tests" / "configurations.toml"
 
@@ -257,3 +272,84 @@ def test_under_xdist_workers_select_and_the_controller_records_after_a_passing_s
     assert tree.ran() == []
     result.stdout.fnmatch_lines(["*4 deselected: unaffected by your edits (--testmon)",
                                  "nothing to re-run: no selected test is affected by your edits*"])
+
+
+# ---------------------------------------------------------------- the pieces, in this process
+
+
+def test_the_state_files_round_trip_and_a_missing_or_unreadable_one_is_empty(tmp_path):
+    assert RemoteState.load(tmp_path) == RemoteState()
+    state = RemoteState({"t.py": ["b.py", "a.py"]}, {"a.py": "1"}, {"a.py": ["t.py"]})
+    state.save(tmp_path)
+    assert RemoteState.load(tmp_path) == state
+    assert (tmp_path / STATE_FILE).read_text() == (
+        '{\n "hashes": {\n  "a.py": "1"\n },\n "pending": {\n  "a.py": [\n   "t.py"\n  ]\n }\n}\n')
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([MAP_FILE, STATE_FILE])  # no .tmp left
+    (tmp_path / MAP_FILE).write_text("{not json")
+    (tmp_path / STATE_FILE).write_text("[1, 2]")  # JSON, not an object
+    assert RemoteState.load(tmp_path) == RemoteState()
+
+
+def test_file_names_hashes_and_import_roots(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "sub" / "__init__.py").write_text("")
+    module = tmp_path / "pkg" / "sub" / "m.py"
+    module.write_bytes(b"x = 1\n")
+    assert file_hash(module) == hashlib.sha1(b"x = 1\n").hexdigest()
+    assert [file_hash(p) for p in (tmp_path / "gone.py", tmp_path / "pkg", module / "below")] == [None] * 3
+    assert import_root(module) == tmp_path  # the first ancestor without an __init__.py
+    assert import_root(tmp_path / "test_top.py") == tmp_path
+    assert relpath(module, tmp_path) == "pkg/sub/m.py"
+    assert relpath(tmp_path / "pkg" / ".." / "pkg" / "sub" / "m.py", tmp_path) == "pkg/sub/m.py"
+    assert relpath(tmp_path, tmp_path / "pkg") == tmp_path.as_posix()  # outside the rootdir: absolute
+    assert home_file("tests/a.py::T::t[1::2]") == "tests/a.py"
+    assert home_file("tests/a.py") == "tests/a.py"
+
+
+@pytest.mark.parametrize(("source", "name"), [
+    ("@pytest.fixture\ndef f(): pass", "f"),
+    ("@pytest.fixture(scope='module')\ndef f(): pass", "f"),
+    ("@fixture\ndef f(): pass", "f"),
+    ("@fixture(name='renamed')\ndef f(): pass", "renamed"),
+    ("@pytest.fixture(name='renamed')\nasync def f(): pass", "renamed"),
+    ("@pytest.fixture(name=NAME)\ndef f(): pass", "f"),  # not a literal: the function's name
+    ("@pytest.mark.slow\ndef f(): pass", None),
+    ("@other\ndef f(): pass", None),
+    ("def f(): pass", None),
+    ("class fixture: pass", None),
+    ("x = 1", None),
+])  # fmt: skip
+def test_a_fixture_is_a_function_decorated_with_fixture_by_its_name_argument_or_its_own(source, name):
+    assert fixture_name(ast.parse(source).body[0]) == name
+
+
+def options(**values) -> SimpleNamespace:
+    """A pytest config whose options are ``values`` (getoption as pytest's, default when absent)."""
+    return SimpleNamespace(option=SimpleNamespace(**values),
+                           getoption=lambda name, default=None: values.get(name, default))
+
+
+@pytest.mark.parametrize(("values", "asked"), [
+    ({"testmon": True}, True),
+    ({"testmon_forceselect": True}, True),
+    ({"testmon": True, "no-testmon": True}, False),
+    ({}, False),
+    ({"testmon": False, "testmon_forceselect": False}, False),
+])  # fmt: skip
+def test_testmon_counts_as_asked_for_by_either_select_flag_unless_switched_off(values, asked):
+    assert remote_testmon.testmon_asked(options(**values)) is asked
+
+
+@pytest.mark.parametrize(("values", "blocks"), [
+    ({"markexpr": "not slow"}, True),
+    ({"markexpr": "not slow", "file_or_dir": ["tests/unit", "tests/a.py"]}, True),
+    ({"markexpr": ""}, False),
+    ({}, False),
+    ({"markexpr": "not slow", "keyword": "refit"}, False),
+    ({"markexpr": "not slow", "lf": True}, False),
+    ({"markexpr": "not slow", "testmon_noselect": True}, False),
+    ({"markexpr": "not slow", "file_or_dir": ["tests/a.py::test_x"]}, False),
+])  # fmt: skip
+def test_only_m_alone_is_the_reason_testmon_stops_selecting_that_the_harness_undoes(values, blocks):
+    assert only_markexpr_blocks_selection(options(**values)) is blocks
