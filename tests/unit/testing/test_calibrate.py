@@ -216,11 +216,6 @@ def test_what_has_no_statistic_is_refused_naming_the_value(call, message) -> Non
         call()
 
 
-@pytest.mark.parametrize(("op", "at_bound"), [("<", False), ("<=", True), (">", False), (">=", True)])
-def test_a_value_at_the_bound_holds_only_for_a_non_strict_comparison(op, at_bound) -> None:
-    assert calibrate.holds(2.0, op, 2.0) is at_bound
-
-
 # --- a rule's quantity ---
 
 @pytest.mark.parametrize(("rule", "why"), [
