@@ -98,12 +98,23 @@ def test_without_a_configuration_table_the_report_only_counts(tree, run):
     assert report(result) == ["2 deselected: other (your -m / -k)"]
 
 
-def test_a_bad_configuration_table_is_its_error_in_the_report(tree, run):
+def test_a_bad_configuration_table_is_one_usage_error_naming_it(tree, run):
     (tree.path / "bad.toml").write_text("[[configuration]]\nname = 1\n")
     tree.makeini(f"[pytest]\nposttrain_harness = true\nposttrain_configurations = bad.toml\n{MARKERS}")
     result = run(2, "-m", "not vllm")
-    lines = report(result)
-    assert len(lines) == 1 and lines[0].startswith(f"bad configuration table {tree.path / 'bad.toml'}: ")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: bad configuration table {tree.path / 'bad.toml'}: *"])
+
+
+def test_a_table_broken_during_the_session_is_its_error_in_the_deselection_report(tree, run):
+    """The report reads the table at the end: an edit that breaks it mid-run is one line, not a crash."""
+    table = tree.path / "table.toml"
+    table.write_text(TABLE.read_text(encoding="utf-8"), encoding="utf-8")
+    tree.makeini(f"[pytest]\nposttrain_harness = true\nposttrain_configurations = table.toml\n{MARKERS}")
+    tree.makepyfile(test_edit=f"from pathlib import Path\n\ndef test_edit():\n"
+                              f"    Path({str(table)!r}).write_text('[[configuration]]\\nname = 1\\n')\n")
+    lines = report(run(2, "-m", "not vllm"))
+    assert len(lines) == 1 and lines[0].startswith(f"bad configuration table {table}: ")
 
 
 def test_nothing_ran_is_exit_5_with_its_line_and_one_test_run_is_enough(run):

@@ -83,7 +83,6 @@ def test_a_group_of_the_reason_fills_the_condition():
     ({"tool_missing": "script"}, machine(), machine(tools={"script"})),
     ({"module_older": ["torch", "2.9"]}, machine(versions={"torch": "2.8.1"}), machine(versions={"torch": "2.9.0"})),
     ({"module_older": ["torch", "2.9"]}, machine(versions={"torch": "2.8.1"}), machine(versions={})),
-    ({"no_git": True}, machine(rootdir=Path("/")), machine(rootdir=REPO)),
     ({"local_only": True}, machine(strict=False), machine(strict=True)),
     ({"gpus_below": 2, "module_missing": "vllm"}, machine(gpus=0), machine(gpus=0, importable={"vllm"})),
 ])
@@ -91,6 +90,19 @@ def test_each_condition_holds_on_its_machine_only(when, expected_on, not_on):
     rule = SkipRule("r", when)
     assert account([Skip("t.py::x", "r")], [rule], expected_on).violations() == []
     assert len(account([Skip("t.py::x", "r")], [rule], not_on).violations()) == 1
+
+
+def test_no_git_holds_where_the_rootdir_has_no_git_file_or_folder(tmp_path):
+    """A checkout's ``.git`` is a folder, a worktree's a file; the container image has neither."""
+    (tmp_path / "checkout" / ".git").mkdir(parents=True)
+    (tmp_path / "worktree").mkdir()
+    (tmp_path / "worktree" / ".git").write_text("gitdir: /elsewhere\n")
+    (tmp_path / "image").mkdir()
+    rule, skip = SkipRule("r", {"no_git": True}), [Skip("t.py::x", "r")]
+    assert account(skip, [rule], machine(rootdir=tmp_path / "image")).violations() == []
+    for checkout in ("checkout", "worktree"):
+        assert account(skip, [rule], machine(rootdir=tmp_path / checkout)).violations() == [
+            "unexpected skip: t.py::x: 'r' is declared for not a git checkout (here: a git checkout)"]
 
 
 @pytest.mark.parametrize(("row", "message"), [
