@@ -308,7 +308,7 @@ def main(argv: Sequence[str]) -> int:
     if args[:1] == ["--table"] and len(args) > 1:
         table_path, args = Path(args[1]), args[2:]
     try:
-        if args[:1] == ["--markdown"]:  # the configurations, then the declared skips
+        if args == ["--markdown"]:  # the configurations, then the declared skips
             table = load_table(table_path)
             print(render_markdown(table) + "\n\n" + skips.render_markdown(table.skips))
             return 0

@@ -275,16 +275,17 @@ def test_markdown_prints_the_configurations_then_the_declared_skips(small_toml, 
     assert capsys.readouterr().out == render_markdown(TABLE) + "\n\n" + skips.render_markdown(TABLE.skips) + "\n"
 
 
-@pytest.mark.parametrize("flag", ["--help", "-h"])
-def test_help_anywhere_after_plan_prints_the_usage_and_exits_3(small_toml, capsys, flag):
+@pytest.mark.parametrize("args", [["--help"], ["-x", "-h"]])
+def test_help_anywhere_after_plan_prints_the_usage_and_exits_3(small_toml, capsys, args):
     from posttrain.testing.harness.configurations import main
 
-    assert main(["--table", small_toml, "plan", "--", "-x", flag]) == 3  # run_unit.sh: shown, exit 0
+    assert main(["--table", small_toml, "plan", "--", *args]) == 3  # run_unit.sh: shown, exit 0
     assert capsys.readouterr() == (usage(load_table(Path(small_toml))) + "\n", "")
 
 
-@pytest.mark.parametrize("argv", [[], ["plan"], ["plan", "-x"], ["--table"], ["--table", "t.toml"]])
-def test_a_command_line_without_plan_or_markdown_prints_its_usage_and_exits_2(capsys, argv):
+@pytest.mark.parametrize("argv", [[], ["plan"], ["plan", "-x"], ["--table"], ["--table", "t.toml"],
+                                  ["--markdown", "extra"]])
+def test_a_command_line_other_than_plan_or_markdown_prints_its_usage_and_exits_2(capsys, argv):
     from posttrain.testing.harness.configurations import main
 
     assert main(argv) == 2
