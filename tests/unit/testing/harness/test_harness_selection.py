@@ -180,6 +180,8 @@ def test_when_testmon_finds_nothing_affected_nothing_to_rerun_is_exit_0_with_its
     assert result.ret == 0
     result.stdout.fnmatch_lines(["nothing to re-run: no selected test is affected by your edits (--testmon)"])
     assert "nothing was tested" not in result.stdout.str()
+    assert report(result) == ["2 deselected: unaffected by your edits (--testmon)",  # no stand-ins this time
+                              "nothing to re-run: no selected test is affected by your edits (--testmon)"]
     with_testmon(tree, set())  # nothing unaffected and nothing ran: that is nothing tested
     result = run(0, "--fail-on-nothing-ran", "-k", "nothing_matches")
     assert result.ret == 5 and "nothing to re-run" not in result.stdout.str()

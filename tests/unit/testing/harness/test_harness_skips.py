@@ -379,6 +379,17 @@ def test_a_session_without_skips_prints_no_skips_section(inner):
     assert "skips by reason" not in run(inner, "test_inner.py::test_runs", "--strict-skips", ret=0).stdout.str()
 
 
+def test_no_git_is_judged_on_the_sessions_rootdir(inner):
+    (inner.path / "tests" / "configurations.toml").write_text(TABLE + "\n[[skip]]\nreason = 'no git here'\n"
+                                                             "when = { no_git = true }\n")
+    inner.makepyfile(test_git="import pytest\n\ndef test_git():\n    pytest.skip('no git here')\n")
+    run(inner, "test_git.py", "test_inner.py::test_runs", "--strict-skips", ret=0)
+    (inner.path / ".git").mkdir()
+    result = run(inner, "test_git.py", "test_inner.py::test_runs", "--strict-skips", ret=1)
+    result.stdout.fnmatch_lines(["*unexpected skip: test_git.py::test_git: 'no git here' is declared for "
+                                 "not a git checkout (here: a git checkout)*"])
+
+
 def test_ci_makes_skips_strict_and_a_declared_skip_on_the_wrong_machine_fails(inner, monkeypatch):
     monkeypatch.setenv("CI", "true")
     run(inner, "test_inner.py", "-k", "gpu or runs", ret=0)  # the GPU skip is declared for this 0-GPU machine
