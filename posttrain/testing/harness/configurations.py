@@ -139,8 +139,8 @@ def marker_expression(configuration: Configuration, modifiers_on: Sequence[Modif
 
 def pytest_long_options() -> set[str]:
     """Every ``--option`` that ``python -m pytest --help`` lists (plugins included)."""
-    out = subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"], capture_output=True,
-                         text=True, timeout=120)
+    # every plugin run_unit.sh's pytest loads, the cache provider's --lf/--ff/--sw included
+    out = subprocess.run([sys.executable, "-m", "pytest", "--help"], capture_output=True, text=True, timeout=120)
     return set(re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", out.stdout))
 
 
@@ -308,7 +308,7 @@ def main(argv: Sequence[str]) -> int:
     if args[:1] == ["--table"] and len(args) > 1:
         table_path, args = Path(args[1]), args[2:]
     try:
-        if args[:1] == ["--markdown"]:  # the configurations, then the declared skips
+        if args == ["--markdown"]:  # the configurations, then the declared skips
             table = load_table(table_path)
             print(render_markdown(table) + "\n\n" + skips.render_markdown(table.skips))
             return 0

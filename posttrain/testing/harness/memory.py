@@ -55,8 +55,9 @@ def _cmdline(pid: int) -> str:
 
 def _parent(pid: int | str) -> int | None:
     try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            # the command name (field 2) may hold spaces and parentheses: split after it
+        # the command name (field 2) is the executable's file name: any bytes, spaces and parentheses
+        # included (a name that is not UTF-8 must not drop the process from the tree): split after it
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None

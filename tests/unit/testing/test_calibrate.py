@@ -216,8 +216,6 @@ def test_what_has_no_statistic_is_refused_naming_the_value(call, message) -> Non
         call()
 
 
-
-
 # --- a rule's quantity ---
 
 @pytest.mark.parametrize(("rule", "why"), [

@@ -104,6 +104,9 @@ def test_the_real_pytest_options_include_the_plugins():
 
     options = pytest_long_options()
     assert {"--durations", "--fail-on-nothing-ran", "--testmon", "--cov"} <= options
+    # the cache provider's re-run flags: `run_unit.sh --lf` re-runs the last failures
+    assert {"--lf", "--ff", "--sw"} <= options
+    check_flags(["--lf", "--sw", "--cache-clear"], TABLE, known=lambda: options)
 
 
 def test_usage_names_every_flag_of_the_table_with_its_extra():
@@ -205,3 +208,108 @@ def test_at_most_three_close_flags_are_suggested_closest_first():
                                   ["-n0"], ["-n", "2", "-d", "x"]])
 def test_no_worker_count_zero_workers_or_a_dist_of_your_own_add_no_schedule(args):
     assert xdist_schedule_args(args) == ()
+
+
+# --- the command line run_unit.sh calls (main, in this process) ---
+
+SMALL_TOML = '''
+[[configuration]]
+name = "default"
+flag = ""
+select = "not big"
+extra = ""
+package = ""
+help = "everything but big tests"
+
+[[configuration]]
+name = "big-only"
+flag = "--big-only"
+select = "big"
+extra = "big-build"
+package = "no_such_package_here"
+help = "only big tests"
+
+[[modifier]]
+name = "gated"
+flag = "--gated"
+marker = "gated"
+help = "add tests that need gated models"
+
+[[skip]]
+reason = 'needs (?P<n>\\d+) GPUs?, found \\d+'
+when = { gpus_below = "{n}" }
+about = "gpu(n) tests"
+'''
+MAIN_USAGE = "usage: python -m posttrain.testing.harness.configurations [--table T] plan -- ARGS... | --markdown\n"
+
+
+@pytest.fixture
+def small_toml(tmp_path, monkeypatch) -> str:
+    monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "2")
+    path = tmp_path / "configurations.toml"
+    path.write_text(SMALL_TOML, encoding="utf-8")
+    return str(path)
+
+
+def test_plan_prints_the_command_nul_separated_and_logs_the_configuration_on_stderr(small_toml, capsys):
+    from posttrain.testing.harness.configurations import main
+
+    assert main(["--table", small_toml, "plan", "--", "-x", "tests/unit"]) == 0
+    assert capsys.readouterr() == (
+        "python\0-m\0pytest\0-m\0(not big) and not gated\0--durations=10\0--fail-on-nothing-ran\0-x\0tests/unit\0",
+        "run_unit.sh: configuration default, -m '(not big) and not gated', 2 GPU(s)\n")
+    assert main(["--table", small_toml, "plan", "--", "--gated", "--repeat", "3"]) == 0
+    assert capsys.readouterr() == (
+        "python\0-m\0posttrain.testing.harness.repeat\0003\0--\0-m\0(not big)\0--durations=10\0--fail-on-nothing-ran\0",
+        "run_unit.sh: configuration default +gated, -m '(not big)', 2 GPU(s), 3 runs (--repeat)\n")
+
+
+def test_markdown_prints_the_configurations_then_the_declared_skips(small_toml, capsys, monkeypatch):
+    from posttrain.testing.harness.configurations import main
+
+    assert main(["--table", small_toml, "--markdown"]) == 0
+    table = load_table(Path(small_toml))
+    assert capsys.readouterr() == (render_markdown(table) + "\n\n" + skips.render_markdown(table.skips) + "\n", "")
+    monkeypatch.chdir(REPO)  # without --table: tests/configurations.toml under the current directory
+    assert main(["--markdown"]) == 0
+    assert capsys.readouterr().out == render_markdown(TABLE) + "\n\n" + skips.render_markdown(TABLE.skips) + "\n"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-x", "-h"]])
+def test_help_anywhere_after_plan_prints_the_usage_and_exits_3(small_toml, capsys, args):
+    from posttrain.testing.harness.configurations import main
+
+    assert main(["--table", small_toml, "plan", "--", *args]) == 3  # run_unit.sh: shown, exit 0
+    assert capsys.readouterr() == (usage(load_table(Path(small_toml))) + "\n", "")
+
+
+@pytest.mark.parametrize("argv", [[], ["plan"], ["plan", "-x"], ["--table"], ["--table", "t.toml"],
+                                  ["--markdown", "extra"]])
+def test_a_command_line_other_than_plan_or_markdown_prints_its_usage_and_exits_2(capsys, argv):
+    from posttrain.testing.harness.configurations import main
+
+    assert main(argv) == 2
+    assert capsys.readouterr() == ("", MAIN_USAGE)
+
+
+@pytest.mark.parametrize(("argv", "gpus", "message"), [
+    (["plan", "--", "--big-only", "-x"], "2",
+     "the big-only configuration needs the uv extra 'big-build' (no_such_package_here is not importable); run:\n"
+     "  uv run --extra big-build --group test bash tests/run_unit.sh --big-only -x"),
+    (["plan", "--", "-x"], "two", "POSTTRAIN_NUM_GPUS='two' is not a non-negative integer"),
+])  # fmt: skip
+def test_a_refused_plan_is_its_message_on_stderr_and_exit_2(small_toml, capsys, monkeypatch, argv, gpus, message):
+    from posttrain.testing.harness.configurations import main
+
+    monkeypatch.setenv("POSTTRAIN_NUM_GPUS", gpus)
+    assert main(["--table", small_toml, *argv]) == 2
+    assert capsys.readouterr() == ("", f"run_unit.sh: {message}\n")
+
+
+def test_a_missing_table_is_one_line_naming_it_and_exit_2(tmp_path, capsys):
+    from posttrain.testing.harness.configurations import main
+
+    missing = tmp_path / "missing.toml"
+    assert main(["--table", str(missing), "plan", "--", "-x"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"run_unit.sh: bad configuration table {missing}: ") and err.count("\n") == 1

@@ -23,7 +23,10 @@ from posttrain.testing.harness.skips import (
     SkipRule,
     SkipTableError,
     account,
+    is_importable,
     load_skip_rules,
+    render_markdown,
+    skip_reason,
     strict_from,
 )
 
@@ -83,7 +86,6 @@ def test_a_group_of_the_reason_fills_the_condition():
     ({"tool_missing": "script"}, machine(), machine(tools={"script"})),
     ({"module_older": ["torch", "2.9"]}, machine(versions={"torch": "2.8.1"}), machine(versions={"torch": "2.9.0"})),
     ({"module_older": ["torch", "2.9"]}, machine(versions={"torch": "2.8.1"}), machine(versions={})),
-    ({"no_git": True}, machine(rootdir=Path("/")), machine(rootdir=REPO)),
     ({"local_only": True}, machine(strict=False), machine(strict=True)),
     ({"gpus_below": 2, "module_missing": "vllm"}, machine(gpus=0), machine(gpus=0, importable={"vllm"})),
 ])
@@ -91,6 +93,19 @@ def test_each_condition_holds_on_its_machine_only(when, expected_on, not_on):
     rule = SkipRule("r", when)
     assert account([Skip("t.py::x", "r")], [rule], expected_on).violations() == []
     assert len(account([Skip("t.py::x", "r")], [rule], not_on).violations()) == 1
+
+
+def test_no_git_holds_where_the_rootdir_has_no_git_file_or_folder(tmp_path):
+    """A checkout's ``.git`` is a folder, a worktree's a file; the container image has neither."""
+    (tmp_path / "checkout" / ".git").mkdir(parents=True)
+    (tmp_path / "worktree").mkdir()
+    (tmp_path / "worktree" / ".git").write_text("gitdir: /elsewhere\n")
+    (tmp_path / "image").mkdir()
+    rule, skip = SkipRule("r", {"no_git": True}), [Skip("t.py::x", "r")]
+    assert account(skip, [rule], machine(rootdir=tmp_path / "image")).violations() == []
+    for checkout in ("checkout", "worktree"):
+        assert account(skip, [rule], machine(rootdir=tmp_path / checkout)).violations() == [
+            "unexpected skip: t.py::x: 'r' is declared for not a git checkout (here: a git checkout)"]
 
 
 @pytest.mark.parametrize(("row", "message"), [
@@ -105,6 +120,85 @@ def test_an_unusable_row_is_one_error_naming_it(row, message):
         load_skip_rules([row])
 
 
+def test_the_unusable_rows_messages_word_for_word():
+    with pytest.raises(SkipTableError) as err:
+        load_skip_rules([{"reason": "r"}])
+    assert str(err.value) == "[[skip]] row {'reason': 'r'}: needs `reason` and `when` (and optionally `about`)"
+    with pytest.raises(SkipTableError) as err:
+        SkipRule("r", {"gpu_count": 1})
+    assert str(err.value) == ("[[skip]] reason 'r': unknown condition 'gpu_count'; known: gpus_below, gpus_at_least, "
+                              "module_missing, module_older, tool_missing, no_git, local_only")
+
+
+def test_the_docs_table_escapes_pipes_quotes_backticks_and_leaves_a_missing_about_empty():
+    rules = load_skip_rules([
+        {"reason": "a|b", "when": {"gpus_below": "{n}", "module_missing": "vllm"}},
+        {"reason": "needs `script`", "when": {"tool_missing": "script"}, "about": "the terminal test"},
+    ])
+    assert render_markdown(rules).splitlines() == [
+        "| skip reason (regular expression) | expected where | who skips so |",
+        "|---|---|---|",
+        "| `a\\|b` | fewer than {n} GPUs; vllm not importable |  |",
+        "| `` needs `script` `` | no `script` on PATH | the terminal test |",
+    ]
+
+
+def test_every_condition_of_a_row_is_said_with_what_this_machine_has():
+    rule = SkipRule(r"needs (?P<n>\d+) GPUs and vLLM", {"gpus_below": "{n}", "module_missing": "vllm"})
+    got = account([Skip("t.py::v", "needs 2 GPUs and vLLM")], [rule], machine(gpus=4, importable={"vllm"}))
+    assert got.violations() == ["unexpected skip: t.py::v: 'needs 2 GPUs and vLLM' is declared for fewer than 2 GPUs "
+                                "(here: 4 GPUs); vllm not importable (here: importable)"]
+
+
+def test_a_group_fills_a_list_of_values_and_a_version_that_is_no_version_is_not_older():
+    rule = SkipRule(r"(?P<module>\w+) is too old", {"module_older": ["{module}", "2.9"]})
+    skip = [Skip("t.py::k", "torch is too old")]
+    assert account(skip, [rule], machine(versions={"torch": "2.8.1"})).violations() == []
+    assert account(skip, [rule], machine(versions={"torch": "nightly-build"})).violations() == [
+        "unexpected skip: t.py::k: 'torch is too old' is declared for torch older than 2.9 (here: torch nightly-build)"]
+
+
+@pytest.mark.parametrize(("name", "importable"), [("json", True), ("no_such_package_here", False),
+                                                  ("no_such_package_here.sub", False), ("", False)])
+def test_a_package_is_importable_only_where_import_would_find_it(name, importable):
+    """A dotted name whose parent is missing, or no name at all, is not importable (not an error)."""
+    assert is_importable(name) is importable
+
+
+def test_a_machine_reads_installed_versions_from_the_package_metadata():
+    here = Machine(0, REPO, strict=False)
+    assert here.version("pytest") == pytest.__version__
+    assert here.version("no-such-distribution-here") is None
+
+
+def report_of(outcome: str, longrepr: object, **attrs: object) -> pytest.TestReport:
+    report = pytest.TestReport("t.py::x", ("t.py", 0, "x"), {}, outcome, longrepr, "call")  # type: ignore[arg-type]
+    for name, value in attrs.items():
+        setattr(report, name, value)
+    return report
+
+
+def test_a_skip_reports_reason_is_its_message_and_an_xfail_or_a_pass_has_none():
+    assert skip_reason(report_of("skipped", ("t.py", 3, "Skipped: no GPU here"))) == "no GPU here"
+    assert skip_reason(report_of("skipped", "odd")) == "odd"  # a plugin's plain-text reason, as it is
+    assert skip_reason(report_of("skipped", ("t.py", 3, "Skipped: known"), wasxfail="known")) is None
+    assert skip_reason(report_of("passed", None)) is None
+
+
+def test_accounting_is_on_unless_the_plugin_switches_it_off_in_a_worker():
+    """The plugin switches it off in workers (the controller sees their reports); by default it accounts."""
+    from types import SimpleNamespace
+
+    from posttrain.testing.harness.skips import SkipAccounting
+
+    skipped = report_of("skipped", ("t.py", 3, "Skipped: needs 2 GPUs, found 0"))
+    for active, nodeids in ((None, [["t.py::x"]]), (False, None)):
+        plugin = SkipAccounting((GPUS,), machine()) if active is None else SkipAccounting((GPUS,), machine(), active)
+        plugin.pytest_runtest_logreport(skipped)
+        plugin.pytest_sessionfinish(SimpleNamespace(exitstatus=pytest.ExitCode.OK))  # type: ignore[arg-type]
+        assert (plugin.accounting and [g.nodeids for g in plugin.accounting.groups]) == nodeids
+
+
 def test_a_bad_row_makes_the_table_a_usage_error(tmp_path):
     table = (REPO / "tests" / "configurations.toml").read_text() + '\n[[skip]]\nreason = "x"\nwhen = { gpu = 1 }\n'
     (tmp_path / "t.toml").write_text(table)
@@ -116,6 +210,7 @@ def test_a_bad_row_makes_the_table_a_usage_error(tmp_path):
     (True, {}, (), True),
     (False, {"CI": "true"}, (GPUS,), True),
     (False, {"CI": "1"}, (GPUS,), True),
+    (False, {"CI": " Yes\n"}, (GPUS,), True),
     (False, {"CI": "false"}, (GPUS,), False),
     (False, {}, (GPUS,), False),
     (False, {"CI": "true"}, (), False),  # a table without [[skip]] rows has not opted in
@@ -264,18 +359,35 @@ def test_all_skipped_under_two_xdist_workers_exits_5(inner):
 def test_the_skips_are_printed_by_reason_and_strict_skips_fail_on_an_undeclared_one(inner):
     lenient = run(inner, ret=0)
     lenient.stdout.fnmatch_lines([
-        "*skips by reason (not strict*",
+        "-* skips by reason (not strict: --strict-skips or CI=true fails on an undeclared or unexpected skip) -*",
         "   1 needs 2 GPUs, found 0: expected: fewer than 2 GPUs (here: 0 GPUs)",
         "   1 could not import 'no_such_module_here'*: NOT DECLARED: not declared",  # collected first
         "   2 no backend here: NOT DECLARED: not declared",
     ])
     strict = run(inner, "--strict-skips", ret=1)
     strict.stdout.fnmatch_lines([
+        "-* skips by reason (strict: every skip must be declared and expected here) -*",
         "undeclared skip: test_module_skip.py: \"could not import 'no_such_module_here'*",
         "undeclared skip: test_inner.py::test_runtime_skip: 'no backend here' matches no ??skip?? row*",
         "undeclared skip: test_inner.py::test_setup_skip: 'no backend here' matches no ??skip?? row*",
     ])
     assert "undeclared skip: test_inner.py::test_gpu" not in strict.stdout.str()
+    assert strict.stdout.str().count("undeclared skip: ") == 3  # the xfail ran: not a skip
+
+
+def test_a_session_without_skips_prints_no_skips_section(inner):
+    assert "skips by reason" not in run(inner, "test_inner.py::test_runs", "--strict-skips", ret=0).stdout.str()
+
+
+def test_no_git_is_judged_on_the_sessions_rootdir(inner):
+    (inner.path / "tests" / "configurations.toml").write_text(TABLE + "\n[[skip]]\nreason = 'no git here'\n"
+                                                             "when = { no_git = true }\n")
+    inner.makepyfile(test_git="import pytest\n\ndef test_git():\n    pytest.skip('no git here')\n")
+    run(inner, "test_git.py", "test_inner.py::test_runs", "--strict-skips", ret=0)
+    (inner.path / ".git").mkdir()
+    result = run(inner, "test_git.py", "test_inner.py::test_runs", "--strict-skips", ret=1)
+    result.stdout.fnmatch_lines(["*unexpected skip: test_git.py::test_git: 'no git here' is declared for "
+                                 "not a git checkout (here: a git checkout)*"])
 
 
 def test_ci_makes_skips_strict_and_a_declared_skip_on_the_wrong_machine_fails(inner, monkeypatch):
@@ -285,9 +397,10 @@ def test_ci_makes_skips_strict_and_a_declared_skip_on_the_wrong_machine_fails(in
     # condition is judged against POSTTRAIN_NUM_GPUS, the marker's reason was written for 0)
     inner.makepyfile(test_lying="import pytest\n\ndef test_two():\n    pytest.skip('needs 2 GPUs, found 0')\n")
     monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "2")
-    result = run(inner, "test_lying.py", "test_inner.py::test_runs", ret=1)
-    result.stdout.fnmatch_lines(["unexpected skip: test_lying.py::test_two: 'needs 2 GPUs, found 0' is declared "
-                                 "for fewer than 2 GPUs (here: 2 GPUs)"])
+    result = run(inner, "test_lying.py", "test_inner.py::test_runs", "--color=yes", ret=1)
+    result.stdout.fnmatch_lines(["   1 needs 2 GPUs, found 0: NOT EXPECTED: fewer than 2 GPUs (here: 2 GPUs)",
+                                 "\x1b[[]31m*unexpected skip: test_lying.py::test_two: 'needs 2 GPUs, found 0' "
+                                 "is declared for fewer than 2 GPUs (here: 2 GPUs)*"])  # in red
 
 
 def test_under_xdist_the_controller_accounts_for_every_workers_skips(inner):

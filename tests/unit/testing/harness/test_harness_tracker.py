@@ -25,6 +25,43 @@ def test_track_rejects_values_json_cannot_hold():
     assert store == {"t.py::test": {"loss": 0.5, "shape": [2, 3]}}
 
 
+def test_the_refusal_names_the_metric_the_value_its_type_and_what_json_said():
+    tracker = Tracker("t.py::test", {})
+    with pytest.raises(TypeError) as refused:
+        tracker.track("ids", {1, 2})
+    assert str(refused.value) == ("tracker.track('ids', ...): value {1, 2} of type set is not JSON-serializable "
+                                  "(Object of type set is not JSON serializable)")
+    with pytest.raises(TypeError) as refused:
+        tracker.track("loss", math.inf)
+    # JSON's own words for inf (Python 3.12 adds ": inf" to them)
+    assert str(refused.value).startswith("tracker.track('loss', ...): value inf of type float is not "
+                                         "JSON-serializable (Out of range float values are not JSON compliant")
+
+
+def test_a_tracker_adds_to_what_the_session_holds_for_its_test_and_a_later_value_replaces_an_earlier():
+    store = {"t.py::test": {"_elapsed": 1.5}, "t.py::other": {"loss": 1.0}}
+    tracker = Tracker("t.py::test", store)
+    tracker.track("loss", 0.5)
+    tracker.track("loss", 0.25)
+    assert tracker.key == "t.py::test"
+    assert store == {"t.py::test": {"_elapsed": 1.5, "loss": 0.25}, "t.py::other": {"loss": 1.0}}
+
+
+@cpu_path_only
+def test_log_max_mem_records_the_reading_it_returns_under_its_name(monkeypatch):
+    """Without Ray the reading is this process's peak RSS (the tracker fixture's tests below need the
+    harness on; this one calls the tracker directly)."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "ray", raising=False)  # as if Ray was never imported in this session
+    store: dict = {}
+    tracker = Tracker("t.py::test", store)
+    value = tracker.log_max_mem("peak")
+    assert store == {"t.py::test": {"peak": value}}
+    assert value == pytest.approx(memory.peak_rss_gib(), rel=0.05)
+    assert tracker.get_max_mem() == pytest.approx(value, rel=0.05)
+
+
 @pytest.mark.parametrize("variant", ["a", "b"])
 def test_key_holds_the_parameter_id(tracker, request, variant):
     tracker.track("variant", variant)
