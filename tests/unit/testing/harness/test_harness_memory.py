@@ -117,14 +117,16 @@ def test_the_workers_of_a_raylet_are_its_ray_children_their_descendants_and_thos
 # mutmut's configuration from the working directory, the checkout's root).
 READER = """
 import dataclasses, json, os, sys
-os.chdir(os.environ["PYTHONPATH"])
+os.chdir(os.environ["POSTTRAIN_CHECKOUT"])
 from posttrain.testing.harness import memory
 print(json.dumps(dataclasses.asdict(memory._read_worker_node())), flush=True)
 """
 
 
 def worker_reading(*argv: str, cwd: Path) -> NodeReading:
-    env = {**os.environ, "PYTHONPATH": str(Path(memory.__file__).parents[3])}
+    checkout = str(Path(memory.__file__).parents[3])
+    path = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH", "")) if p)  # yours kept, after it
+    env = {**os.environ, "PYTHONPATH": path, "POSTTRAIN_CHECKOUT": checkout}
     done = subprocess.run(argv, executable=sys.executable, cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
