@@ -161,3 +161,18 @@ def test_what_is_not_a_list_a_sample_or_a_number_is_named_by_its_type(tmp_path: 
     _write(tmp_path, record)
     with pytest.raises(DataError, match=message):
         recording.load_step(tmp_path, 1, P, G)
+
+
+def test_a_prompt_differing_from_its_first_token_is_named_with_the_file_and_five_tokens_each_side(tmp_path: Path):
+    """The whole line: the file, the sample, the first differing token (0 here) and the next five tokens of each."""
+    record = json.loads(recording.save_step(tmp_path, 1, step_samples(1), G).read_text())
+    first = record["samples"][0]
+    first |= {"prompt_ids": [11, 12, 13, 14, 15, 16, 17], "seq_len": 7 + len(first["completion_ids"])}
+    _write(tmp_path, record)
+    here = {first["question"]: [21, 22, 23, 24, 25, 26, 27]}
+    with pytest.raises(DataError) as err:
+        recording.load_step(tmp_path, 1, P, G, lambda q: here.get(q) or next(
+            s["prompt_ids"] for s in step_samples(1) if s["question"] == q))
+    assert str(err.value) == (f"grpo.load_rollouts: {recording.step_file(tmp_path, 1)}, sample 0: its prompt_ids are "
+                              "not this run's prompt of its question (from token 0: [11, 12, 13, 14, 15] recorded, "
+                              "[21, 22, 23, 24, 25] here; recorded with another tokenizer or chat template?)")
