@@ -223,3 +223,11 @@ def test_a_rule_is_vacuous_exactly_when_no_value_in_its_range_fails_the_checker(
 @pytest.mark.parametrize(("op", "at_bound"), [("<", False), ("<=", True), (">", False), (">=", True)])
 def test_a_value_at_the_bound_holds_only_for_a_non_strict_comparison(op, at_bound) -> None:
     assert comparisons.of(op).holds(2.0, 2.0) is at_bound
+
+
+@pytest.mark.parametrize("symbol", ["==", "!=", "in", "not in"])
+def test_a_comparison_without_an_order_has_no_failing_side_slack_or_negation_and_says_so(symbol) -> None:
+    comparison = comparisons.of(symbol)
+    for use in (lambda: comparison.fails, lambda: comparison.negated, lambda: comparison.slack(1.0, 2.0)):
+        with pytest.raises(ValueError, match=f"^`{symbol}` compares no value with a bound$"):
+            use()
