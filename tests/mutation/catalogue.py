@@ -49,6 +49,7 @@ DOMAINS = "tests/unit/testing/rules/test_rule_domains.py"
 RESULTS = "tests/unit/testing/harness/test_harness_results.py"
 TRACKER = "tests/unit/testing/harness/test_harness_tracker.py"
 SKIPS = "tests/unit/testing/harness/test_harness_skips.py"
+BUDGET = "tests/unit/testing/harness/test_harness_budget.py"
 SAMPLING_TESTS = "tests/unit/models/generation/test_sampling_distribution.py"
 PRECISION_TESTS = "tests/unit/models/policy/test_precision.py"
 MCORE_GEN_TESTS = "tests/unit/models/megatron/test_megatron_generation.py"
@@ -843,9 +844,25 @@ MUTANTS: tuple[Mutant, ...] = (
            (('return not report.skipped or hasattr(report, "wasxfail")', "return True"),),
            (f"{SKIPS}::test_a_selection_whose_tests_all_skipped_exits_5_whenever_they_skipped",), klass="harness"),
     Mutant("strict_skips_ignore_ci", "CI=true does not make skips strict: a CI runner without the package a module "
-           "needs skips it and goes green", "posttrain/testing/harness/skips.py",
+           "needs skips it and goes green", "posttrain/testing/harness/machine.py",
            (('environ.get(CI_ENV, "")', 'environ.get("POSTTRAIN_CI", "")'),),
            (f"{SKIPS}::test_ci_makes_skips_strict_and_a_declared_skip_on_the_wrong_machine_fails",), klass="harness"),
+    Mutant("time_budget_ignores_ci", "CI=true does not make the time budget strict: a test that grew past the "
+           "budget without saying why passes CI, and the tier's time creeps up one test at a time",
+           "posttrain/testing/harness/plugin.py",
+           (("(budget_s > 0 and on_ci(os.environ))", "(budget_s > 0 and on_ci({}))"),),
+           (f"{BUDGET}::test_under_ci_an_unmarked_test_over_the_budget_fails_the_run_and_a_marked_one_does_not",),
+           klass="harness"),
+    Mutant("time_budget_slow_reason_not_shipped", "under xdist the controller never learns a test's slow reason: "
+           "every marked test over the budget fails CI's -n run, or (the other way) a check written to tolerate "
+           "that passes unmarked ones", "posttrain/testing/harness/budget.py",
+           (("if call.when == \"call\" and reason is not None:", "if call.when == \"setup\" and reason is not None:"),),
+           (f"{BUDGET}::test_under_xdist_the_controller_judges_every_workers_tests",), klass="harness"),
+    Mutant("time_budget_counts_a_bare_slow_mark", "a bare @pytest.mark.slow counts as a reason: a test over the "
+           "budget escapes the check by a marker that says nothing", "posttrain/testing/harness/budget.py",
+           (("if t.seconds > budget_s and not t.slow)", "if t.seconds > budget_s and t.slow is None)"),),
+           (f"{BUDGET}::test_a_call_over_the_budget_without_a_reason_is_one_line_naming_the_test_and_its_time",),
+           klass="harness"),
     Mutant("skip_condition_never_judged", "a declared skip is accepted on any machine: a GPU test that skipped on "
            "the GPU machine (a broken CUDA install) is reported as expected",
            "posttrain/testing/harness/skips.py",

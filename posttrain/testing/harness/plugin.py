@@ -2,7 +2,8 @@
 
 Loaded by pytest through the ``pytest11`` entry point ``posttrain``; inert unless the ini
 sets ``posttrain_harness = true``. Then it adds ``gpu(n)`` skips, the deselection report,
-``--fail-on-nothing-ran``, the Ray leak check and ``unit_results.json``; the ``tracker``
+``--fail-on-nothing-ran``, the skip accounting, the time budget of one test, the Ray leak check
+and ``unit_results.json``; the ``tracker``
 fixture records per-test metrics into that file; ``repeat_index`` is the ``run_unit.sh --repeat``
 run a session is (a test derives its seeds from it); ``ray_nodes`` starts a multi-node Ray cluster
 on this machine.
@@ -18,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from posttrain.testing.harness import coverage_ray, parallel, repeat, results, shards, skips
+from posttrain.testing.harness import budget, coverage_ray, parallel, repeat, results, shards, skips
 from posttrain.testing.harness.configurations import TABLE_PATH, PlanError, load_table
-from posttrain.testing.harness.machine import count_gpus
+from posttrain.testing.harness.machine import count_gpus, on_ci
 from posttrain.testing.harness.ray_leaks import RayLeakCheck
 from posttrain.testing.harness.ray_nodes import LocalRayCluster, start_cluster
 from posttrain.testing.harness.remote_testmon import RemoteTestmon, add_remote_testmon_options, testmon_asked
@@ -38,12 +39,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   help="turn on posttrain's test harness (gpu(n) skips, Ray leak check, unit_results.json)")
     parser.addini("posttrain_configurations", default=str(TABLE_PATH),
                   help="run_unit.sh's configuration table, relative to the rootdir (for the deselection report)")
+    parser.addini(budget.BUDGET_INI, default="0",
+                  help="seconds one test's call may take unless it is marked slow(reason=...); 0: no budget")
     group = parser.getgroup("posttrain harness")
     group.addoption("--fail-on-nothing-ran", action="store_true",
                     help="exit 5 when no test ran (none selected, or all skipped); run_unit.sh passes it")
     group.addoption("--strict-skips", action="store_true",
                     help="fail the run on a skip whose reason the configuration table's [[skip]] rows do not declare, "
                          "or declare for other machines (on by default where $CI is true and the table declares skips)")
+    group.addoption("--strict-budget", action="store_true",
+                    help="fail the run on a test over the time budget (posttrain_time_budget_s) that is not marked "
+                         "slow(reason=...) (on by default where $CI is true)")
+    group.addoption("--durations-report", action="store_true",
+                    help="print the tests marked slow with their call times and reasons, slowest first")
     group.addoption("--no-unit-results", action="store_true", help="do not write unit_results.json")
     group.addoption("--shard", metavar="I/N", default=None,
                     help="run only the I-th of N deterministic parts of the selected tests, balanced by recorded "
@@ -75,6 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(Selection(num_gpus, config.getoption("fail_on_nothing_ran"), table, role),
                                   "posttrain-selection")
     config.pluginmanager.register(_skip_accounting(config, table, num_gpus, role), "posttrain-skips")
+    config.pluginmanager.register(_time_budget(config, role), "posttrain-time-budget")
     config.pluginmanager.register(RayLeakCheck(), "posttrain-ray-leaks")
     config.pluginmanager.register(UnitResults(config), "posttrain-unit-results")
     if role == "worker":
@@ -105,6 +114,20 @@ def _skip_accounting(config: pytest.Config, table: Path, num_gpus: int,
     except PlanError as e:
         raise pytest.UsageError(str(e)) from None
     return skips.SkipAccounting(rules, skips.machine_from(config, num_gpus, rules), active=role != "worker")
+
+
+def _time_budget(config: pytest.Config, role: parallel.Role) -> budget.TimeBudget:
+    """The time budget of this session (``posttrain_time_budget_s``); strict with ``--strict-budget``
+    or under CI where a budget is set; under xdist the controller judges every worker's tests.
+
+    Raises:
+        pytest.UsageError: the ini's budget is not a number >= 0.
+    """
+    budget_s = budget.parse_budget(str(config.getini(budget.BUDGET_INI)))
+    if budget_s > 0:
+        config.addinivalue_line("markers", budget.SLOW_MARKER_HELP)
+    strict = bool(config.getoption("strict_budget")) or (budget_s > 0 and on_ci(os.environ))
+    return budget.TimeBudget(budget_s, strict, bool(config.getoption("durations_report")), active=role != "worker")
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # xdist's own hook is a plain one: the plugin order would decide

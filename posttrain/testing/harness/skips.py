@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from packaging.version import InvalidVersion, Version
 
-CI_ENV = "CI"  # GitHub Actions, GitLab, Buildkite, ... set CI=true on their runners
+from posttrain.testing.harness.machine import on_ci
 
 
 def is_importable(package: str) -> bool:
@@ -242,7 +242,7 @@ def skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str | None:
 
 def strict_from(option: bool, environ: Mapping[str, str], rules: tuple[SkipRule, ...]) -> bool:
     """Skips are strict with ``--strict-skips``, or under CI (``$CI`` true) where the table declares skips."""
-    return option or (bool(rules) and environ.get(CI_ENV, "").strip().lower() in ("true", "1", "yes"))
+    return option or (bool(rules) and on_ci(environ))
 
 
 class SkipAccounting:

@@ -76,6 +76,9 @@ def test_help_shows_the_harness_options_and_ini_keys_word_for_word(inner):
         f"{pad}exit 5 when no test ran (none selected, or all skipped); run_unit.sh passes it",
         "  --strict-skips        fail the run on a skip whose reason the configuration table's [[skip]] rows do not "
         "declare, or declare for other machines (on by default where $CI is true and the table declares skips)",
+        "  --strict-budget       fail the run on a test over the time budget (posttrain_time_budget_s) that is not "
+        "marked slow(reason=...) (on by default where $CI is true)",
+        "  --durations-report    print the tests marked slow with their call times and reasons, slowest first",
         "  --no-unit-results     do not write unit_results.json",
         "  --shard=I/N           run only the I-th of N deterministic parts of the selected tests, balanced by "
         "recorded durations; a module's tests stay together",
@@ -86,11 +89,13 @@ def test_help_shows_the_harness_options_and_ini_keys_word_for_word(inner):
         "read nor written)"]
     ini = result.outlines
     at = ini.index("  posttrain_harness (bool):")
-    assert ini[at:at + 4] == [
+    assert ini[at:at + 6] == [
         "  posttrain_harness (bool):",
         f"{pad}turn on posttrain's test harness (gpu(n) skips, Ray leak check, unit_results.json)",
         "  posttrain_configurations (string):",
-        f"{pad}run_unit.sh's configuration table, relative to the rootdir (for the deselection report)"]
+        f"{pad}run_unit.sh's configuration table, relative to the rootdir (for the deselection report)",
+        "  posttrain_time_budget_s (string):",
+        f"{pad}seconds one test's call may take unless it is marked slow(reason=...); 0: no budget"]
 
 
 def test_markers_lists_gpu_n(inner):
@@ -102,8 +107,8 @@ def test_the_parts_are_registered_under_their_names_and_each_tests_call_time_is_
     result = run(inner, "--trace-config", "--shard", "1/1")
     assert result.ret == 0, result.stdout.str()
     assert parts(result) == {"posttrain-selection": "Selection", "posttrain-skips": "SkipAccounting",
-                             "posttrain-ray-leaks": "RayLeakCheck", "posttrain-unit-results": "UnitResults",
-                             "posttrain-shards": "Sharding"}
+                             "posttrain-time-budget": "TimeBudget", "posttrain-ray-leaks": "RayLeakCheck",
+                             "posttrain-unit-results": "UnitResults", "posttrain-shards": "Sharding"}
     metrics = json.loads((inner.path / "results" / "unit_results.json").read_text())["metrics"]
     assert metrics["test_inner.py::test_tracks"]["answer"] == 42
     elapsed = [metrics[f"test_inner.py::{name}"]["_elapsed"] for name in ("test_sleeps", "test_tracks", "test_skips")]
@@ -164,8 +169,8 @@ def test_under_xdist_the_worker_runs_and_ships_and_the_controller_reports(inner,
                  "-k", "not sleeps")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()  # test_set_up_error's error
     assert parts(result) == {"posttrain-selection": "Selection", "posttrain-skips": "SkipAccounting",
-                             "posttrain-ray-leaks": "RayLeakCheck", "posttrain-unit-results": "UnitResults",
-                             "posttrain-xdist-controller": "ControllerReport"}
+                             "posttrain-time-budget": "TimeBudget", "posttrain-ray-leaks": "RayLeakCheck",
+                             "posttrain-unit-results": "UnitResults", "posttrain-xdist-controller": "ControllerReport"}
     result.stdout.fnmatch_lines(["*skips by reason (not strict: *",
                                  "   1 no reason the table declares: NOT DECLARED: *",
                                  "*deselected by the configuration*", "1 deselected: other (your -m / -k)"])
@@ -176,7 +181,8 @@ def test_under_xdist_the_worker_runs_and_ships_and_the_controller_reports(inner,
     assert metrics["test_worker.py::test_set_up_error"] == {"before_the_error": 1}  # no call: no _elapsed
     worker = metrics["test_worker.py::test_in_the_worker"]
     assert worker["parts"] == ["posttrain-ray-leaks", "posttrain-selection", "posttrain-skips",
-                               "posttrain-unit-results", "posttrain-xdist-threads", "posttrain-xdist-worker"]
+                               "posttrain-time-budget", "posttrain-unit-results", "posttrain-xdist-threads",
+                               "posttrain-xdist-worker"]
     assert worker["omp_num_threads"] == str(thread_share(available_cpus(), 1))
 
 
@@ -194,3 +200,45 @@ def test_with_testmon_the_remote_selection_is_registered(inner):
     result = run(inner, "--testmon", "--trace-config", "-k", "tracks")
     assert result.ret == 0, result.stdout.str()
     assert parts(result)["posttrain-remote-testmon"] == "RemoteTestmon"
+
+
+def test_without_the_ini_switch_the_harness_registers_nothing_and_writes_nothing(inner):
+    inner.makeini("[pytest]\n")
+    result = run(inner, "--trace-config", "-k", "not tracks")  # the tracker fixture refuses: harness off
+    assert result.ret == 0, result.stdout.str()
+    assert parts(result) == {}
+    assert not (inner.path / "results").exists()
+
+
+@pytest.mark.parametrize(("env", "value", "error"), [
+    ("POSTTRAIN_NUM_GPUS", "two", "POSTTRAIN_NUM_GPUS='two' is not a non-negative integer"),
+    ("POSTTRAIN_REPEAT_INDEX", "-1", "POSTTRAIN_REPEAT_INDEX='-1': expected a non-negative integer (run_unit.sh "
+                                     "--repeat sets it)"),
+], ids=["gpus", "repeat-index"])
+def test_a_bad_machine_setting_is_one_usage_error_naming_it(inner, monkeypatch, env, value, error):
+    monkeypatch.setenv(env, value)
+    result = run(inner)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    assert f"ERROR: {error}" in result.stderr.lines
+
+
+def test_a_configuration_table_that_cannot_be_read_is_one_usage_error_naming_the_problem(inner):
+    (inner.path / "tests").mkdir()
+    table = (REPO / "tests" / "configurations.toml").read_text()
+    (inner.path / "tests" / "configurations.toml").write_text(table + "\n[[skip]]\nreason = 'x'\nwhen = { gpus = 1 }\n")
+    result = run(inner)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    assert [line for line in result.stderr.lines if line.startswith("ERROR: ")] == [
+        f"ERROR: bad configuration table {inner.path / 'tests' / 'configurations.toml'}: [[skip]] reason 'x': unknown "
+        "condition 'gpus'; known: gpus_below, gpus_at_least, module_missing, module_older, tool_missing, no_git, "
+        "local_only"]
+
+
+def test_the_machines_gpu_count_reaches_the_gpu_skips_and_the_skip_accounting(inner, monkeypatch):
+    (inner.path / "tests").mkdir()
+    shutil.copy(REPO / "tests" / "configurations.toml", inner.path / "tests" / "configurations.toml")
+    inner.makepyfile(test_gpus="import pytest\n\n@pytest.mark.gpu(2)\ndef test_two():\n    pass\n")
+    monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "1")
+    result = run(inner, "--strict-skips", "test_gpus.py")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["   1 needs 2 GPUs, found 1: expected: fewer than 2 GPUs (here: 1 GPUs)"])
