@@ -12,7 +12,7 @@ Command line::
 - ``coverage``: with ``--coverage-data``, the total percent of the shards' coverage data
   files combined (coverage.py; the measured sources must be where the data says, i.e. the
   same checkout path); else "n/a (run without --cov)", since shard totals do not add up.
-- ``--write-durations PATH``: also write ``{node id: seconds}`` (from ``_elapsed``), the
+- ``--write-durations PATH``: also write ``{node id: seconds}`` (``_total``, else ``_elapsed``), the
   flat map ``--shard`` reads from ``tests/durations.json``.
 
 Exit status: 0 written; 2 with one line on stderr for a missing / non-JSON / malformed
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.testing.harness.results import NO_COVERAGE
+from posttrain.testing.harness.results import NO_COVERAGE, recorded_seconds
 
 REQUIRED = ("exit_status", "git_commit", "start_time", "metrics")
 
@@ -113,9 +113,14 @@ def combine_coverage(data_files: Sequence[Path]) -> float:
 
 
 def durations(doc: dict[str, Any]) -> dict[str, float]:
-    """``{node id: seconds}`` of every test with a recorded ``_elapsed``, sorted by node id."""
-    return {n: float(m["_elapsed"]) for n, m in sorted(doc["metrics"].items())
-            if isinstance(m, dict) and isinstance(m.get("_elapsed"), int | float)}
+    """``{node id: seconds}`` of every test whose call ran, sorted by node id (``results.recorded_seconds``:
+    set-up, call and teardown together where recorded)."""
+    found = {}
+    for nodeid, metrics in sorted(doc["metrics"].items()):
+        seconds = recorded_seconds(metrics)
+        if isinstance(seconds, int | float):
+            found[nodeid] = float(seconds)
+    return found
 
 
 def write_json(doc: Any, path: Path) -> None:

@@ -211,14 +211,17 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 class UnitResults:
-    """Collects ``_elapsed`` of every test and writes unit_results.json at the session's end."""
+    """Collects ``_elapsed`` and ``_total`` of every test and writes unit_results.json at the session's end."""
 
     def __init__(self, config: pytest.Config):
         self.config = config
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        entry = self.config.stash[METRICS].setdefault(report.nodeid, {})
+        # the test's whole time, its fixtures' set-up and teardown included: what a shard or a tier pays
+        entry[results.TOTAL] = round(entry.get(results.TOTAL, 0.0) + report.duration, 4)
         if report.when == "call":
-            self.config.stash[METRICS].setdefault(report.nodeid, {})["_elapsed"] = round(report.duration, 4)
+            entry[results.ELAPSED] = round(report.duration, 4)
         shipped = getattr(report, SHIPPED_METRICS, None)  # from an xdist worker
         if shipped:
             self.config.stash[METRICS].setdefault(report.nodeid, {}).update(shipped)
@@ -227,7 +230,8 @@ class UnitResults:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):
         report = yield
         if call.when == "teardown" and parallel.role(self.config) == "worker":  # after every fixture's teardown
-            named = {k: v for k, v in self.config.stash[METRICS].get(item.nodeid, {}).items() if k != "_elapsed"}
+            named = {k: v for k, v in self.config.stash[METRICS].get(item.nodeid, {}).items()
+                     if k not in results.TIMES}  # the controller times each test from the reports themselves
             if named:
                 setattr(report, SHIPPED_METRICS, named)
         return report

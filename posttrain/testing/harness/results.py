@@ -6,7 +6,8 @@ Schema (docs/testing.md shows an example)::
     git_commit   str    ``git rev-parse HEAD`` ("-dirty" appended with uncommitted changes, untracked files
                         included; "unknown" outside git)
     start_time   str    session start, ISO 8601 UTC (``2026-11-21T02:10:45Z``)
-    metrics      dict   {test node id (``path::test[param]``): {name: value, "_elapsed": seconds of the call phase}}
+    metrics      dict   {test node id (``path::test[param]``): {name: value, "_elapsed": seconds of the call phase,
+                        "_total": seconds of set-up, call and teardown together}}
     gpu_types    list   one name per local GPU (``nvidia-smi -L``); [] without GPUs
     cpu_model    str    ``/proc/cpuinfo`` model name
     coverage     float | str   total percent with ``--cov`` (Ray workers included), else "n/a (run without --cov)"
@@ -28,6 +29,19 @@ from posttrain.testing.harness.machine import cpu_model, gpu_names
 
 RESULTS_DIR_ENV = "POSTTRAIN_UNIT_RESULTS_DIR"
 NO_COVERAGE = "n/a (run without --cov)"
+
+ELAPSED = "_elapsed"  # seconds of a test's call phase
+TOTAL = "_total"  # seconds of its set-up, call and teardown (module fixtures are paid by the first test)
+TIMES = (ELAPSED, TOTAL)
+
+
+def recorded_seconds(metrics: object) -> object:
+    """A test's recorded time from its ``metrics`` entry: ``_total`` (set-up, call and teardown), else
+    ``_elapsed`` (a document written before totals were recorded); None for a test whose call never
+    ran (a set-up error, a skip at set-up). Not validated: the caller checks it is seconds."""
+    if not isinstance(metrics, dict) or ELAPSED not in metrics:
+        return None
+    return metrics.get(TOTAL, metrics[ELAPSED])
 
 
 def results_dir(rootdir: Path) -> Path:

@@ -114,8 +114,8 @@ def assign(nodeids: Sequence[str], durations: Mapping[str, float], count: int) -
 
 
 def read_durations(path: Path) -> dict[str, float]:
-    """``{node id: seconds}`` from a unit_results.json document or a flat map (tests without
-    a recorded ``_elapsed`` are left out).
+    """``{node id: seconds}`` from a unit_results.json document (``results.recorded_seconds``; tests
+    whose call never ran are left out) or a flat map.
 
     Raises:
         pytest.UsageError: unreadable, not JSON, or neither format (one line naming the file).
@@ -125,7 +125,8 @@ def read_durations(path: Path) -> dict[str, float]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise pytest.UsageError(f"--shard-durations {path}: cannot read it: {e}") from None
     if isinstance(doc, dict) and isinstance(doc.get("metrics"), dict):  # unit_results.json
-        doc = {n: m.get("_elapsed") for n, m in doc["metrics"].items() if isinstance(m, dict) and "_elapsed" in m}
+        doc = {n: results.recorded_seconds(m) for n, m in doc["metrics"].items()
+               if results.recorded_seconds(m) is not None}
     if not isinstance(doc, dict) or not all(_is_seconds(v) for v in doc.values()):
         raise pytest.UsageError(f"--shard-durations {path}: expected a unit_results.json document or a flat "
                                 "{node id: seconds} JSON object")

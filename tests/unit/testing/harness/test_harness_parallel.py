@@ -200,7 +200,8 @@ def test_unit_results_hold_what_tests_tracked_on_two_workers(tree):
     assert len(got) == 8
     assert {m["worker"] for m in got.values()} == {"gw0", "gw1"}  # two workers ran tests, and shipped them
     for nodeid, values in got.items():
-        assert set(values) == {"_elapsed", "worker", "threads"}, nodeid
+        assert set(values) == {"_elapsed", "_total", "worker", "threads"}, nodeid
+        assert values["_total"] >= values["_elapsed"], nodeid
         # each worker's torch / OpenMP threads: its share of the CPUs
         assert values["threads"] == str(thread_share(available_cpus(), 2)), nodeid
 

@@ -113,6 +113,8 @@ def test_the_parts_are_registered_under_their_names_and_each_tests_call_time_is_
     assert metrics["test_inner.py::test_tracks"]["answer"] == 42
     elapsed = [metrics[f"test_inner.py::{name}"]["_elapsed"] for name in ("test_sleeps", "test_tracks", "test_skips")]
     assert 0.05 <= elapsed[0] < 4  # the call's 50 ms, not its set-up's or teardown's
+    total = metrics["test_inner.py::test_sleeps"]["_total"]
+    assert elapsed[0] < total < elapsed[0] + 1  # and its set-up and teardown, added
     assert [round(e, 4) for e in elapsed] == elapsed  # seconds to 0.1 ms
 
 
@@ -178,7 +180,8 @@ def test_under_xdist_the_worker_runs_and_ships_and_the_controller_reports(inner,
     assert set(metrics) == {"test_inner.py::test_tracks", "test_inner.py::test_skips",
                             "test_worker.py::test_set_up_error", "test_worker.py::test_in_the_worker"}
     assert metrics["test_inner.py::test_tracks"]["answer"] == 42  # shipped from the worker
-    assert metrics["test_worker.py::test_set_up_error"] == {"before_the_error": 1}  # no call: no _elapsed
+    set_up_error = metrics["test_worker.py::test_set_up_error"]
+    assert set(set_up_error) == {"before_the_error", "_total"}  # no call: no _elapsed; its set-up took time
     worker = metrics["test_worker.py::test_in_the_worker"]
     assert worker["parts"] == ["posttrain-ray-leaks", "posttrain-selection", "posttrain-skips",
                                "posttrain-time-budget", "posttrain-unit-results", "posttrain-xdist-threads",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.testing.harness import merge
+from posttrain.testing.harness import merge, shards
 from posttrain.testing.harness.shards import (
     Shard,
     assign,
@@ -435,10 +435,16 @@ def test_a_json_that_is_not_an_object_with_metrics_is_refused_naming_it(tmp_path
     assert capsys.readouterr().err == f"merge: {bad}: not a unit_results.json document (no metrics object)\n"
 
 
-def test_only_tests_with_a_recorded_time_have_a_duration(tmp_path):
+def test_only_tests_with_a_recorded_time_have_a_duration_and_it_is_the_whole_tests(tmp_path):
     doc = shard_doc({"b.py::t": {"_elapsed": 2}, "a.py::t": {"_elapsed": 0.5}, "c.py::t": {"peak": 1.0},
-                     "d.py::t": {"_elapsed": "1"}, "e.py::t": 3.0})
-    assert list(merge.durations(doc).items()) == [("a.py::t", 0.5), ("b.py::t", 2.0)]
+                     "d.py::t": {"_elapsed": "1"}, "e.py::t": 3.0, "f.py::t": {"_elapsed": 1, "_total": 4.5},
+                     "g.py::t": {"_total": 0.25}})  # g: its set-up failed, its call never ran
+    assert list(merge.durations(doc).items()) == [("a.py::t", 0.5), ("b.py::t", 2.0), ("f.py::t", 4.5)]
+    path = tmp_path / "results.json"
+    for malformed in ("d.py::t", "e.py::t"):  # --shard refuses them; merge leaves them out
+        del doc["metrics"][malformed]
+    path.write_text(json.dumps(doc))
+    assert shards.read_durations(path) == {"a.py::t": 0.5, "b.py::t": 2.0, "f.py::t": 4.5}
 
 
 def test_the_outputs_are_sorted_indented_json_in_directories_made_for_them(tmp_path):
