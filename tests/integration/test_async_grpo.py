@@ -57,6 +57,7 @@ def ids(samples: list[RolloutSample]) -> Counter[int]:
     return Counter(s["sample_id"] for s in samples)
 
 
+@pytest.mark.slow(reason="a real producer actor on Ray")
 def test_claim_filter_fan_out_clear_with_a_real_producer(hf_runtime) -> None:
     rt = hf_runtime
     cfg = async_cfg(rt.model_path)
@@ -121,6 +122,7 @@ def k0_run(ray_cluster, tiny_model_path, tmp_path_factory) -> tuple[dict, Path]:
     return metrics, tmp
 
 
+@pytest.mark.slow(reason="an async run at staleness 0 and a synchronous run, compared step by step")
 def test_max_staleness_0_reproduces_the_synchronous_run(k0_run, tiny_model_path, tmp_path) -> None:
     sync = grpo.train(async_cfg(tiny_model_path, *LOOP, *LEARNABLE, "grpo.async.enabled=false",
                                 f"logger.log_dir={tmp_path / 'sync'}"))
@@ -135,6 +137,7 @@ def test_max_staleness_0_reproduces_the_synchronous_run(k0_run, tiny_model_path,
         assert k0[key] == pytest.approx(sync[key], rel=1e-4, abs=1e-6), key
 
 
+@pytest.mark.slow(reason="an async GRPO run stopped and resumed from its checkpoint, with a real producer actor")
 def test_a_resumed_async_run_samples_its_first_step_with_the_restored_weights(k0_run, tiny_model_path,
                                                                                tmp_path) -> None:
     """The documented difference of an asynchronous resume: the producer starts at the step

@@ -26,6 +26,7 @@ def test_a_buffer_too_small_for_max_staleness_is_one_line() -> None:
     assert async_grpo.buffer_capacity(async_cfg("unused", "grpo.async.max_staleness=3")) == 4 * N
 
 
+@pytest.mark.slow(reason="a real async GRPO run on Ray (producer actor, buffer)")
 def test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop(ray_cluster, tiny_model_path, tmp_path,
                                                                        capsys, monkeypatch) -> None:
     """k = 1 trains on samples of the previous weights (and never older); the buffer has the
@@ -57,6 +58,7 @@ def test_max_staleness_buffer_size_and_the_weight_cap_reach_the_loop(ray_cluster
     assert len(losses) == 4 and losses[0](gaps, data, 2.0)[1]["importance_weight"] == pytest.approx(2.25, rel=1e-6)
 
 
+@pytest.mark.slow(reason="a real async GRPO run on Ray (producer actor, buffer)")
 def test_a_claim_timeout_is_one_line_naming_the_key(ray_cluster, tiny_model_path, tmp_path, monkeypatch) -> None:
     """The configured timeout reaches the trainer's claim, which gives up in one line naming the key.
 
@@ -83,6 +85,7 @@ def test_a_claim_timeout_is_one_line_naming_the_key(ray_cluster, tiny_model_path
         "no rollouts for this step within grpo.async.claim_timeout_s=0.5 s"), message
 
 
+@pytest.mark.slow(reason="a real async GRPO run on Ray (producer actor, buffer)")
 def test_a_failing_producer_reaches_the_trainer_as_one_line_at_once(ray_cluster, tiny_model_path) -> None:
     from posttrain.errors import ProducerError, StaleWeightsError
 

@@ -68,6 +68,7 @@ def test_the_template_puts_the_header_only_in_the_generation_prompt(tokenizer) -
     assert tokenizer.decode(response) == "46" + tokenizer.eos_token  # the turn's newline after EOS is not trained
 
 
+@pytest.mark.slow(reason="a GRPO run through a real chat template")
 def test_grpo_samples_after_the_assistant_header(in_process, instruct_model, tokenizer, tmp_path) -> None:
     run = in_process.run(grpo, GRPO_YAML, [f"model.path={instruct_model}", f"logger.log_dir={tmp_path}",
                                            "grpo.num_steps=1", "grpo.num_prompts_per_step=4",

@@ -55,6 +55,7 @@ FAULT_WEIGHTS_REL = 1e-4
 
 
 @pytest.mark.parametrize("layout", ["two optimizer steps", "idle micro-batches"])
+@pytest.mark.slow(reason="two data-parallel rank actors on Ray against one worker")
 def test_two_data_parallel_ranks_take_the_single_workers_step(ray_cluster, tiny_model_path, tmp_path: Path,
                                                               layout: str) -> None:
     """Every train/* metric of the step (the ranks' reductions: sums, minima, maxima) and the
@@ -70,6 +71,7 @@ def test_two_data_parallel_ranks_take_the_single_workers_step(ray_cluster, tiny_
         assert ratio_min < 1 < ratio_max and one["train/clip_fraction"]["1"] > 0 and one["train/kl"]["1"] > 0
 
 
+@pytest.mark.slow(reason="two data-parallel rank actors on Ray against one worker")
 def test_a_call_of_several_optimizer_steps_scores_and_returns_the_old_logprobs_in_row_order(
         ray_cluster, tiny_model_path, dp_recording, tmp_path: Path) -> None:
     """11 optimizer steps over uneven shards (``UNEVEN``): the old logprobs are scored before the

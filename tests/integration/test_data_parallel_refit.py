@@ -16,6 +16,7 @@ from posttrain.config import load_config
 
 
 @pytest.mark.parametrize("transport", ["auto", "object_store"])
+@pytest.mark.slow(reason="two data-parallel ranks refit a real engine after every step")
 def test_the_engine_serves_the_data_parallel_policys_weights_after_every_refit(ray_cluster, tiny_model_path,
                                                                                tmp_path: Path, transport: str) -> None:
     """A GRPO run with an engine: after each refit (a broadcast between CPU processes under auto,

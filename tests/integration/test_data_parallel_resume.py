@@ -13,6 +13,7 @@ from data_parallel_jobs import UNEVEN, replay
 from posttrain.errors import ConfigError
 
 
+@pytest.mark.slow(reason="a data-parallel run stopped, resumed and compared with the uninterrupted run")
 def test_a_data_parallel_run_resumes_exactly_and_refuses_another_size(ray_cluster, tiny_model_path, dp_recording,
                                                                       tmp_path: Path) -> None:
     dp2 = ["policy.data_parallel_size=2", *UNEVEN]

@@ -18,6 +18,7 @@ from posttrain.config import load_config
 
 
 @pytest.mark.parametrize("lora", [[], ["policy.lora.rank=8"]], ids=["full", "lora"])
+@pytest.mark.slow(reason="a GRPO run whose engine is scored against the trainer on every step")
 def test_engine_scores_like_the_trainer_on_every_step(ray_cluster, tiny_model_path, tmp_path, monkeypatch, capsys,
                                                       lora) -> None:
     monkeypatch.setattr(grpo_step, "math_reward", low_digit_reward)

@@ -93,6 +93,7 @@ def test_a_launchers_copy_of_the_signal_does_not_abort(in_process, tiny_model_pa
     assert (tmp_path / "ckpt" / "step_1" / COMPLETE).is_file()
 
 
+@pytest.mark.slow(reason="a real GRPO job, stopped by a signal")
 def test_sigterm_to_the_entry_point_exits_143_in_one_line_with_a_checkpoint(tiny_model_path, tmp_path) -> None:
     """The real entry point on a real Ray cluster: SIGTERM after step 2 was printed."""
     cmd = [sys.executable, "examples/run_grpo.py", f"model.path={tiny_model_path}", *BASE, "grpo.num_steps=500",
@@ -212,6 +213,7 @@ def assert_stopped_cleanly(stopped: tuple[int | None, str, bool], signum: signal
     assert "Traceback" not in err and "aborted" not in err
 
 
+@pytest.mark.slow(reason="a real GRPO job under uv run, stopped by a signal")
 def test_ctrl_c_under_uv_run_stops_with_the_closing_line_a_checkpoint_and_exit_130(tiny_model_path, tmp_path):
     """As the README starts a run: ``uv run python examples/run_grpo.py``. The run gets the group's
     SIGINT and uv's copy of it 0.2 s later (uv passes a SIGINT on when stdin is not a terminal)."""
@@ -222,6 +224,7 @@ def test_ctrl_c_under_uv_run_stops_with_the_closing_line_a_checkpoint_and_exit_1
 
 @pytest.mark.parametrize(("send", "signum"), [(ctrl_c, signal.SIGINT), (sigterm_to_the_launcher, signal.SIGTERM)],
                          ids=["ctrl_c", "sigterm_to_uv"])
+@pytest.mark.slow(reason="a real GRPO job under a functional script and uv run, stopped by a signal")
 def test_a_functional_scripts_job_under_uv_run_stops_cleanly_and_the_script_exits_with_it(
         tiny_model_path, tmp_path, send, signum):
     """``uv run bash SCRIPT`` whose job runs through common.sh's run_job: a Ctrl-C reaches the job

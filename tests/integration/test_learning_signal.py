@@ -75,7 +75,7 @@ def held_out(warm_start) -> tuple[HeldOutScores, list]:
     return score_held_out(str(warm_start.model), problems), problems
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="GRPO runs that must really raise held-out accuracy (the learning tier)")
 @pytest.mark.learning
 @pytest.mark.parametrize("mode", list(MODES))
 def test_grpo_raises_held_out_sampling_accuracy(warm_start, held_out, mode, repeat_index, tmp_path) -> None:

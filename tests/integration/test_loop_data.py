@@ -112,6 +112,7 @@ def test_grpo_on_arithmetic_trains_on_every_training_problem_and_validates_on_no
     assert trained | validated == {f"{a}+{b}=" for a in range(10) for b in range(10)}
 
 
+@pytest.mark.slow(reason="a GRPO run on gsm8k-format files")
 def test_grpo_on_gsm8k_trains_on_the_train_file_and_validates_on_the_test_file(in_process, tokenizers,
                                                                                 tmp_path) -> None:
     tok = tokenizers["gsm8k"]

@@ -66,6 +66,7 @@ def test_each_node_is_a_raylet_with_its_own_object_store(two_nodes):
         assert len({n[part] for n in nodes}) == 2, part
 
 
+@pytest.mark.slow(reason="GRPO on a real two-node Ray cluster, refit across nodes")
 def test_grpo_with_the_engine_on_another_node_refits_across_nodes_exactly(two_nodes, tmp_path, tiny_model_path):
     out = grpo(two_nodes, tmp_path, tiny_model_path, "cluster.placement_strategy=STRICT_SPREAD")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
@@ -81,6 +82,7 @@ def test_grpo_with_the_engine_on_another_node_refits_across_nodes_exactly(two_no
     assert max(metrics["train/refit_logprob_error"].values()) == 0.0  # fp32 both sides: the same weights
 
 
+@pytest.mark.slow(reason="the entry point on a real two-node Ray cluster")
 def test_a_strategy_the_nodes_cannot_hold_is_one_line_and_exit_2(two_nodes, tmp_path, tiny_model_path):
     # 3 bundles of 0.5 CPU fit the cluster's 2 CPUs, but not one per node on 2 nodes
     out = grpo(two_nodes, tmp_path, tiny_model_path, "cluster.placement_strategy=STRICT_SPREAD",
@@ -92,6 +94,7 @@ def test_a_strategy_the_nodes_cannot_hold_is_one_line_and_exit_2(two_nodes, tmp_
     assert not (tmp_path / "logs" / "metrics.json").exists()
 
 
+@pytest.mark.slow(reason="a real two-node Ray cluster started and stopped")
 def test_stopping_a_cluster_ends_every_process_of_its_nodes_and_only_those(tmp_path):
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # must survive
     cluster = start_cluster(2, tmp_path, num_cpus=0)
@@ -198,6 +201,7 @@ def interrupt_and_resume(two_nodes, uninterrupted: dict, tmp_path: Path, model: 
     return errors[0]
 
 
+@pytest.mark.slow(reason="a real two-node Ray cluster, a fault mid-run and the run resumed")
 def test_a_lost_worker_node_ends_the_run_in_one_line_naming_it_and_the_run_resumes_exactly(
         two_nodes, uninterrupted, tmp_path, tiny_model_path, tracker):
     """The worker node's raylet killed (by its own pid) mid-run: one error line naming that node;
@@ -213,6 +217,7 @@ def test_a_lost_worker_node_ends_the_run_in_one_line_naming_it_and_the_run_resum
     assert f"node {lost[0][:8]} " in error, error
 
 
+@pytest.mark.slow(reason="a real two-node Ray cluster, a fault mid-run and the run resumed")
 def test_a_killed_engine_actor_ends_the_run_in_one_line_naming_it_and_the_run_resumes_exactly(
         two_nodes, uninterrupted, tmp_path, tiny_model_path, tracker):
     """The engine's actor process (found in its node's own process tree; STRICT_SPREAD does not

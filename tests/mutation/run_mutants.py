@@ -1,6 +1,7 @@
 """Mutation check: does the fast test suite catch each silently broken variant of posttrain?
 
     uv run --group test python tests/mutation/run_mutants.py [--only NAME ...] [--list] [--no-baseline]
+        [--record PATH]
 
 For each mutant of ``catalogue.py`` the library is patched in a temporary copy of the
 repository (sources, tests and data, not ``.venv``), and pytest runs there with ``-x`` on the
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -68,6 +70,7 @@ class Outcome:
     caught: bool
     by: str
     seconds: float
+    catchers: tuple[str, ...] = ()  # every test that failed on the mutant (all of them with --record)
 
 
 def copy_repo(dest: Path, ref: str | None = None) -> None:
@@ -157,9 +160,10 @@ def preflight(copy: Path, attempts: int = 3) -> None:
 INFRA_FAILURES = ("timed out during startup",)
 
 
-def run_pytest(copy: Path, targets: list[str], tier: str = "default", attempts: int = 3) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", TIERS[tier][1], "-rfE",
-           f"--ignore={CATALOGUE_CHECK}", *targets]
+def run_pytest(copy: Path, targets: list[str], tier: str = "default", attempts: int = 3,
+               stop_at_first: bool = True) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "pytest", *(["-x"] if stop_at_first else []), "-q", "-p", "no:cacheprovider",
+           "-m", TIERS[tier][1], "-rfE", f"--ignore={CATALOGUE_CHECK}", *targets]
     for _ in range(attempts):
         out = subprocess.run(cmd, cwd=copy, env=environment(copy), capture_output=True, text=True,
                              timeout=PYTEST_TIMEOUT_S)
@@ -169,9 +173,17 @@ def run_pytest(copy: Path, targets: list[str], tier: str = "default", attempts: 
     return out.returncode, output
 
 
+FAILURE_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)  # pytest's -rfE summary
+
+
 def first_failure(output: str) -> str:
-    match = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
+    match = FAILURE_LINE.search(output)
     return match.group(1) if match else "?"
+
+
+def all_failures(output: str) -> tuple[str, ...]:
+    """Every test (or module, for a collection error) pytest's summary names as failed, sorted."""
+    return tuple(sorted(set(FAILURE_LINE.findall(output))))
 
 
 LOG_DIR = Path(tempfile.gettempdir()) / "posttrain-mutants-logs"
@@ -183,8 +195,9 @@ def save_log(name: str, output: str) -> None:
     (LOG_DIR / f"{name}.log").write_text(output)
 
 
-def judge(copy: Path, mutant: Mutant) -> Outcome:
-    """Apply ``mutant`` to ``copy``, run the tests, restore the file."""
+def judge(copy: Path, mutant: Mutant, record: bool = False) -> Outcome:
+    """Apply ``mutant`` to ``copy``, run the tests, restore the file. With ``record`` the named tests
+    run to the end (not ``-x``), so the outcome's ``catchers`` are every named test that caught it."""
     target = copy / mutant.path
     original = target.read_text()
     target.write_text(mutated_text(original, mutant))
@@ -192,13 +205,13 @@ def judge(copy: Path, mutant: Mutant) -> Outcome:
     tier_paths = list(TIERS[mutant.tier][0])
     try:
         for targets in ([*mutant.first], tier_paths) if mutant.first else (tier_paths,):
-            code, output = run_pytest(copy, targets, mutant.tier)
+            code, output = run_pytest(copy, targets, mutant.tier, stop_at_first=not record or targets is tier_paths)
             save_log(mutant.name, output)
             if code == 1:
                 by = first_failure(output)
                 if targets is tier_paths:  # the whole-tier fallback, not the catalogue's named tests
                     confirm_catch(copy, target, original, mutant, by)
-                return Outcome(mutant.name, mutant.tier, True, by, time.perf_counter() - start)
+                return Outcome(mutant.name, mutant.tier, True, by, time.perf_counter() - start, all_failures(output))
             if code != 0:
                 raise MutationError(f"mutant {mutant.name}: pytest exited {code} on {targets}:\n{output[-3000:]}")
         return Outcome(mutant.name, mutant.tier, False, "-", time.perf_counter() - start)
@@ -265,6 +278,16 @@ def check_tiers(mutants: tuple[Mutant, ...]) -> None:
                                 "(or leave them out with --only)")
 
 
+def write_record(path: Path, catches: dict[str, list[str]]) -> None:
+    """Merge ``catches`` into the JSON record at ``path`` (made if missing), through a temporary file: a
+    run stopped half way keeps what it judged."""
+    record = json.loads(path.read_text()) if path.exists() else {}
+    record.update(catches)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n")
+    tmp.replace(path)
+
+
 def print_table(console: Console, outcomes: list[Outcome], total: float) -> None:
     table = Table(title="Mutation check")
     for column in ("Mutant", "Tier", "Caught", "By test", "Seconds"):
@@ -307,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
                              "mcore needs megatron-core and 2 GPUs)")
     parser.add_argument("--list", action="store_true", help="list the catalogue and exit")
     parser.add_argument("--no-baseline", action="store_true", help="skip the baseline run of the named tests")
+    parser.add_argument("--record", type=Path, metavar="PATH",
+                        help="run each mutant's named tests to the end and write every test that caught it into "
+                             "PATH (JSON {mutant: [node id, ...]}; entries of mutants not run are kept): the record "
+                             "the quick tier is chosen from (tests/mutation/quick_tier.py)")
     parser.add_argument("--ref", metavar="GIT_REF",
                         help="test the sources of this commit (e.g. HEAD) instead of the working tree")
     args = parser.parse_args(argv)
@@ -330,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_baseline:
                 baseline(copy, mutants)
             for mutant in mutants:
-                outcome = judge(copy, mutant)
+                outcome = judge(copy, mutant, record=args.record is not None)
+                if args.record is not None and outcome.caught:
+                    write_record(args.record, {mutant.name: list(outcome.catchers)})
                 console.print(f"{mutant.name}: {'caught by ' + outcome.by if outcome.caught else 'SURVIVED'} "
                               f"({outcome.seconds:.0f} s)", highlight=False)
                 outcomes.append(outcome)

@@ -62,6 +62,7 @@ def test_the_entry_point_refuses_before_any_work(tmp_path, capsys) -> None:
     assert run_main("GRPO", GRPO_YAML, GRPOMasterConfig, train, ["--validate", "grpo.num_steps=3"]) == 0
 
 
+@pytest.mark.slow(reason="a functional script as a real process")
 def test_a_functional_script_with_a_bad_override_keeps_the_previous_results() -> None:
     work = ROOT / "tests" / "functional" / "sft"
     created = not work.exists()

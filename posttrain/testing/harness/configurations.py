@@ -20,6 +20,7 @@ Command line (what run_unit.sh calls)::
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import shlex
 import subprocess
@@ -52,6 +53,9 @@ class Configuration:
     package: str
     help: str
     extra_gpu: str = ""
+    # a selection file (relative to the repository root): JSON {"tests": [node id, ...], "about": "..."};
+    # the row runs only those tests (and any path given with it); "about" is printed with the plan
+    tests: str = ""
 
     def extra_for(self, num_gpus: int) -> str:
         """The uv extra to install on a machine with ``num_gpus`` GPUs ("" = none)."""
@@ -98,6 +102,7 @@ class Plan:
     marker_expr: str | None  # None: the user's own -m replaced it
     pytest_args: tuple[str, ...]
     repeat: int | None = None  # --repeat N
+    about: str = ""  # the selection file's line about its tests (rows with ``tests``)
 
     @property
     def command(self) -> tuple[str, ...]:
@@ -128,6 +133,28 @@ def load_table(path: Path = TABLE_PATH) -> Table:
     if sum(not c.flag for c in table.configurations) != 1:
         raise PlanError(f"bad configuration table {path}: exactly one row must have flag = \"\" (the default)")
     return table
+
+
+def load_selection(configuration: Configuration, root: Path = Path()) -> tuple[tuple[str, ...], str]:
+    """The node ids and the "about" line of ``configuration``'s selection file; ((), "") without one.
+
+    Raises:
+        PlanError: the file is missing, not JSON, or not {"tests": [str, ...], "about": str} with at least
+            one test (one line naming the file).
+    """
+    if not configuration.tests:
+        return (), ""
+    path = root / configuration.tests
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PlanError(f"the {configuration.name} configuration's tests file {path}: cannot read it: {e}") from None
+    tests = doc.get("tests") if isinstance(doc, dict) else None
+    if not isinstance(tests, list) or not tests or not all(isinstance(t, str) and t for t in tests) \
+            or not isinstance(doc.get("about", ""), str):
+        raise PlanError(f"the {configuration.name} configuration's tests file {path}: expected "
+                        '{"tests": [node id, ...], "about": "..."} with at least one test')
+    return tuple(tests), doc.get("about", "")
 
 
 def marker_expression(configuration: Configuration, modifiers_on: Sequence[Modifier], table: Table) -> str:
@@ -172,6 +199,8 @@ def usage(table: Table) -> str:
         extra = c.extra + (f" ({c.extra_gpu} with GPUs)" if c.extra_gpu else "") if c.extra else "none"
         lines.append(f"  {c.flag or '(none)':16} {c.help}")
         lines.append(f"  {'':16} tests matching: {c.select}; uv extra: {extra}")
+        if c.tests:
+            lines.append(f"  {'':16} only the tests listed in {c.tests}")
     lines += ["", "Modifiers (combine with any configuration):"]
     lines += [f"  {m.flag:16} {m.help}" for m in table.modifiers]
     lines += ["", "Runner (combines with any configuration and pytest args):",
@@ -192,19 +221,20 @@ def usage(table: Table) -> str:
 
 def make_plan(argv: Sequence[str], num_gpus: int, table: Table,
               importable: Callable[[str], bool] = is_importable,
-              known: Callable[[], set[str]] = pytest_long_options) -> Plan:
+              known: Callable[[], set[str]] = pytest_long_options, root: Path = Path()) -> Plan:
     """Pick the configuration from run_unit.sh's ``argv`` and build pytest's arguments.
 
     A user's ``-m EXPR`` replaces the configuration's marker filter; every argument that is
     not a configuration flag goes to pytest unchanged, in order. ``--repeat N`` (or
     ``--repeat=N``) runs them N times (``Plan.command``).
     ``-n N`` (pytest-xdist) without a ``--dist`` of its own gets :func:`xdist_schedule_args`.
+    A row with a selection file (``tests``) adds its node ids, read under ``root`` (the repository root).
 
     Raises:
         PlanError: two ``-only`` flags, ``-m`` without an expression, ``--repeat`` without a
             positive integer, an unknown ``--flag``
-            (with a did-you-mean), or the configuration's package not importable (the
-            message holds the exact ``uv run --extra`` line).
+            (with a did-you-mean), the configuration's package not importable (the
+            message holds the exact ``uv run --extra`` line), or its selection file unreadable.
     """
     check_flags(argv, table, known)
     by_flag = {c.flag: c for c in table.configurations if c.flag}
@@ -239,10 +269,12 @@ def make_plan(argv: Sequence[str], num_gpus: int, table: Table,
             passthrough.append(arg)
     configuration = chosen or table.default
     _check_extra(configuration, num_gpus, argv, importable)
+    selected, about = load_selection(configuration, root)
     expr = None if user_marker else marker_expression(configuration, modifiers, table)
     marker_args = () if expr is None else ("-m", expr)
     return Plan(configuration, tuple(modifiers), expr,
-                (*marker_args, *FIXED_PYTEST_ARGS, *xdist_schedule_args(passthrough), *passthrough), repeat)
+                (*marker_args, *FIXED_PYTEST_ARGS, *xdist_schedule_args(passthrough), *passthrough, *selected), repeat,
+                about)
 
 
 def xdist_schedule_args(args: Sequence[str]) -> tuple[str, ...]:
@@ -288,7 +320,8 @@ def render_markdown(table: Table) -> str:
         if c.extra_gpu:
             extra += f" (`{c.extra_gpu}` with GPUs)"
         flag = f"`{c.flag}`" if c.flag else "(none: default)"
-        rows.append(f"| {flag} | `{c.select}` | {extra} | {f'`{c.package}`' if c.package else '-'} |")
+        only = f", only the tests listed in `{c.tests}`" if c.tests else ""
+        rows.append(f"| {flag} | `{c.select}`{only} | {extra} | {f'`{c.package}`' if c.package else '-'} |")
     for m in table.modifiers:
         rows.append(f"| `{m.flag}` (combines with any) | also `{m.marker}` tests, left out otherwise | - | - |")
     return "\n".join(rows)
@@ -299,7 +332,8 @@ def describe(plan: Plan, num_gpus: int) -> str:
     name = plan.configuration.name + "".join(f" +{m.name}" for m in plan.modifiers)
     marker = f"-m '{plan.marker_expr}'" if plan.marker_expr else "your own -m"
     repeated = f", {plan.repeat} runs (--repeat)" if plan.repeat is not None else ""
-    return f"run_unit.sh: configuration {name}, {marker}, {num_gpus} GPU(s){repeated}"
+    about = f"\nrun_unit.sh: {plan.about}" if plan.about else ""
+    return f"run_unit.sh: configuration {name}, {marker}, {num_gpus} GPU(s){repeated}{about}"
 
 
 def main(argv: Sequence[str]) -> int:

@@ -21,6 +21,7 @@ def small(tmp_path, tiny_model_path):
             f"logger.log_dir={tmp_path / 'logs'}"]
 
 
+@pytest.mark.slow(reason="a real GRPO loop of the tiny model")
 def test_grpo_loop_logs_every_step(ray_cluster, small, tmp_path):
     cfg = load_config("examples/configs/grpo_arithmetic.yaml",
                       small + ["grpo.num_steps=3", "grpo.num_prompts_per_step=4", "grpo.completions_per_prompt=4",
@@ -44,6 +45,7 @@ def test_grpo_loop_logs_every_step(ray_cluster, small, tmp_path):
     assert "policy.train_micro_batch_size" in record_of(cfg).read  # type: ignore[union-attr]
 
 
+@pytest.mark.slow(reason="a real SFT loop that must learn")
 def test_sft_loop_learns(ray_cluster, small, tmp_path):
     cfg = load_config("examples/configs/sft_arithmetic.yaml",
                       small + ["sft.num_steps=30", "sft.batch_size=32", "sft.val_period=10",
@@ -59,6 +61,7 @@ def test_sft_loop_learns(ray_cluster, small, tmp_path):
     assert max(metrics["train/refit_logprob_error"].values()) < 1e-4
 
 
+@pytest.mark.slow(reason="a real SFT loop run to its validation stop")
 def test_sft_stop_at_val_accuracy_ends_on_the_measurement(ray_cluster, small, monkeypatch):
     # Isolate the stop rule: accuracy reads 0.0 at step 0 and 0.5 from the next validation on.
     readings = iter([0.0, 0.5, 0.5, 0.5])

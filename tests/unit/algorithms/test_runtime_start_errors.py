@@ -11,6 +11,7 @@ from posttrain.config import ClusterConfig, GenerationConfig, ModelConfig, Polic
 from posttrain.errors import WorkerStartError
 
 
+@pytest.mark.slow(reason="Ray actors that fail to load, and their teardown")
 def test_unloadable_weights_fail_at_setup_in_one_line(ray_cluster, tiny_model_path, tmp_path):
     # A model directory the driver accepts (config.json, tokenizer) whose weights the
     # workers cannot read: the failure must come from setup, not from the first step.
@@ -24,6 +25,7 @@ def test_unloadable_weights_fail_at_setup_in_one_line(ray_cluster, tiny_model_pa
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow(reason="Ray actors that fail to load, and their teardown")
 def test_a_generation_worker_that_cannot_load_is_one_line_and_killed(ray_cluster, tiny_model_path, tmp_path):
     """The engine driver's own start-up path (the policy would have failed first in setup)."""
     from posttrain.config import GenerationWorkerConfig

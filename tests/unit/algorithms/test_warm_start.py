@@ -50,6 +50,7 @@ def test_a_warm_start_with_periodic_checkpoints_is_refused(tmp_path: Path) -> No
         ws.warm_start(cfg, tmp_path / "cache")
 
 
+@pytest.mark.slow(reason="an SFT warm start built, then reused")
 def test_a_built_warm_start_is_reused_without_training(ray_cluster, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = load_config(YAML, QUICK, sft.SFTMasterConfig)

@@ -126,6 +126,7 @@ START = "from posttrain.distributed.ray_cluster import init_ray; import ray; ini
 
 
 @pytest.mark.parametrize("verbose", ["0", "1"])
+@pytest.mark.slow(reason="a real Ray start in a subprocess")
 def test_a_real_start_shows_rays_banner_only_when_verbose(verbose):
     env = {**os.environ, "POSTTRAIN_VERBOSE": verbose, "RAY_ADDRESS": ""}
     out = subprocess.run([sys.executable, "-c", START], env=env, capture_output=True, text=True, timeout=300)

@@ -27,6 +27,7 @@ def devices_seen(*flags: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow(reason="real worker actors in Ray placement-group bundles")
 def test_a_worker_that_reserves_nothing_sees_its_bundles_gpu_logical_gpus() -> None:
     seen = devices_seen("--fake")
     for gpus in ("1.0", "0.5"):

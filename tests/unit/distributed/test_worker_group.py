@@ -37,6 +37,7 @@ class Echo:
         raise KeyError("not a posttrain error")
 
 
+@pytest.mark.slow(reason="real Ray worker actors")
 def test_worker_group_fans_out_in_rank_order(ray_cluster):
     cluster = RayVirtualCluster(2, num_cpus=0.5)
     group = RayWorkerGroup(cluster, Echo, "t")
@@ -70,6 +71,7 @@ class FailsToStart:
                 raise ValueError("cannot load weights\nsecond line of the message") from exc
 
 
+@pytest.mark.slow(reason="real Ray worker actors")
 def test_wait_ready_passes_when_all_workers_start(ray_cluster):
     cluster = RayVirtualCluster(2, num_cpus=0.5)
     group = RayWorkerGroup(cluster, Echo, "t")
@@ -81,6 +83,7 @@ def test_wait_ready_passes_when_all_workers_start(ray_cluster):
         cluster.shutdown()
 
 
+@pytest.mark.slow(reason="real Ray worker actors")
 def test_a_constructor_error_is_one_line_at_wait_ready(ray_cluster):
     cluster = RayVirtualCluster(2, num_cpus=0.5)
     group = RayWorkerGroup(cluster, FailsToStart)
@@ -99,6 +102,7 @@ def test_oversized_cluster_is_a_clear_error(ray_cluster):
         RayVirtualCluster(3, num_cpus=2)
 
 
+@pytest.mark.slow(reason="real Ray worker actors")
 def test_a_worker_that_dies_mid_call_is_one_line_naming_it(ray_cluster):
     from posttrain.errors import WorkerDiedError
 
@@ -135,6 +139,7 @@ class Peer:
 
 
 @pytest.mark.parametrize("other", ["die", "answer"])
+@pytest.mark.slow(reason="real Ray worker actors and a collective")
 def test_a_collective_whose_peer_died_reports_the_death_not_the_closed_socket(ray_cluster, other):
     """``wait_both``: the receivers fail because the sender died mid-broadcast; the one line names the
     dead sender. A receiver that fails while its peer lives keeps its own error."""

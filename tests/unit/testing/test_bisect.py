@@ -214,6 +214,7 @@ UNRUNNABLE = {
 
 
 @pytest.mark.parametrize("kind", UNRUNNABLE)
+@pytest.mark.slow(reason="git bisect over real commits, each judged by a subprocess")
 def test_a_commit_that_cannot_be_judged_is_skipped_and_the_bisect_still_converges(tmp_path, kind):
     """Regression at commit 6; commit 4, the bisect's first pick, cannot be judged."""
     files, options, why = UNRUNNABLE[kind]

@@ -10,6 +10,7 @@ PROMPTS = [[5, 9, 3], [4, 4, 8, 12, 6, 2], [7, 3, 11, 5, 9, 14, 6, 8, 10, 13]]
 GREEDY = SamplingParams(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, greedy=True, seed=0)
 
 
+@pytest.mark.slow(reason="HF generate on the tiny model, prompt by prompt")
 def test_a_left_padded_batch_generates_what_each_prompt_generates_alone(engine):
     together = engine.generate(PROMPTS, GREEDY)
     for i, prompt in enumerate(PROMPTS):
@@ -19,6 +20,7 @@ def test_a_left_padded_batch_generates_what_each_prompt_generates_alone(engine):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.slow(reason="HF generate and teacher-forced scoring on the tiny model")
 def test_sampling_logprobs_are_the_teacher_forced_scores_of_the_sampled_tokens(engine, temperature):
     """Decode vs prefill: the logprobs recorded while generating (left-padded batch, KV cache)
     equal the engine's one-prefill ``score`` of the finished sequences.

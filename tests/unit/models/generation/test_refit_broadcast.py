@@ -25,6 +25,7 @@ def runtime(tiny_model_path: str, num_workers: int = 2, **generation):
 
 
 @pytest.mark.parametrize("bucket_mb", [1, 512])
+@pytest.mark.slow(reason="real engines on Ray refit over a torch.distributed broadcast")
 def test_a_cpu_refit_is_a_broadcast_in_buckets_and_every_engine_serves_the_new_weights(
         ray_cluster, tiny_model_path, bucket_mb):
     rt = runtime(tiny_model_path, refit_bucket_mb=bucket_mb)
@@ -45,6 +46,7 @@ def test_a_cpu_refit_is_a_broadcast_in_buckets_and_every_engine_serves_the_new_w
         rt.shutdown()
 
 
+@pytest.mark.slow(reason="real engines on Ray refit through the object store")
 def test_refit_transport_object_store_sends_no_broadcast(ray_cluster, tiny_model_path):
     rt = runtime(tiny_model_path, refit_transport="object_store")
     try:
@@ -57,6 +59,7 @@ def test_refit_transport_object_store_sends_no_broadcast(ray_cluster, tiny_model
         rt.shutdown()
 
 
+@pytest.mark.slow(reason="real engines on Ray refit over a torch.distributed broadcast")
 def test_a_refit_that_one_engine_only_pretends_to_load_fails_whichever_engine_it_is(ray_cluster, tiny_model_path):
     """Three engines, a probe configured with 2 sequences (fewer than the engines): each engine in
     turn takes the new version number without loading the weights. The refit must fail for every

@@ -94,6 +94,7 @@ def test_data_parallel_ranks_that_would_share_a_gpu_are_refused(gpus_per_worker)
     check_backend(PolicyConfig(), gpus_per_worker=0.5, gpus_found=1)  # one rank may take half a GPU
 
 
+@pytest.mark.slow(reason="the entry point as a real process")
 def test_the_entry_point_refuses_data_parallel_ranks_on_half_a_gpu_in_one_line(tmp_path) -> None:
     result = run(sys.executable, "examples/run_grpo.py", "policy.data_parallel_size=2", "cluster.gpus_per_worker=0.5",
                  f"logger.log_dir={tmp_path}", POSTTRAIN_VERBOSE="1")
@@ -145,6 +146,7 @@ def run(*args: str, **env: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "RAY_ADDRESS": "", **env})
 
 
+@pytest.mark.slow(reason="the entry point as a real process")
 def test_the_entry_point_refuses_megatron_on_a_cpu_machine_in_one_line(tmp_path) -> None:
     # POSTTRAIN_VERBOSE: Ray's start-up banner would show if Ray started (it is quiet otherwise).
     result = run(sys.executable, "examples/run_grpo.py", "policy.backend=megatron", f"logger.log_dir={tmp_path}",
@@ -155,6 +157,7 @@ def test_the_entry_point_refuses_megatron_on_a_cpu_machine_in_one_line(tmp_path)
     assert "Started a local Ray instance" not in result.stdout + result.stderr  # refused before Ray
 
 
+@pytest.mark.slow(reason="the entry point as a real process")
 def test_the_entry_point_refuses_megatron_generation_where_it_cannot_run_in_one_line(tmp_path) -> None:
     """Without megatron-core the missing extra is named; with it but no GPU, the missing GPU:
     either way one line, exit 2, before Ray starts."""
@@ -230,6 +233,7 @@ def test_an_in_place_engine_this_code_does_not_serve_is_refused_in_one_line(args
     check_in_place(1, 1)  # what it serves passes
 
 
+@pytest.mark.slow(reason="the entry point as a real process")
 def test_async_grpo_with_an_in_place_megatron_engine_is_refused_before_ray_starts(tmp_path) -> None:
     result = run(sys.executable, "examples/run_grpo.py", "grpo.async.enabled=true", "policy.backend=megatron",
                  "generation.backend=megatron", f"logger.log_dir={tmp_path}", CUDA_VISIBLE_DEVICES="",

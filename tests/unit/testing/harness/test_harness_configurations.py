@@ -99,6 +99,7 @@ def test_known_flags_pass_and_pytest_is_asked_only_when_needed():
     check_flags(["--", "--not-a-flag"], TABLE, known=never)  # after "--": arguments, not flags
 
 
+@pytest.mark.slow(reason="pytest --help as a real process with every plugin")
 def test_the_real_pytest_options_include_the_plugins():
     from posttrain.testing.harness.configurations import pytest_long_options
 
@@ -313,3 +314,35 @@ def test_a_missing_table_is_one_line_naming_it_and_exit_2(tmp_path, capsys):
     assert main(["--table", str(missing), "plan", "--", "-x"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(f"run_unit.sh: bad configuration table {missing}: ") and err.count("\n") == 1
+
+
+# --- a row with a selection file (the quick tier) ---
+
+def quick_table(tmp_path: Path, doc: object) -> Table:
+    (tmp_path / "quick.json").write_text(doc if isinstance(doc, str) else __import__("json").dumps(doc))
+    return Table((Configuration("default", "", "not big", "", "", "all"),
+                  Configuration("quick", "--quick", "not big", "", "", "the few", tests="quick.json")), ())
+
+
+def test_a_row_with_a_selection_file_runs_its_tests_and_says_what_they_are(tmp_path):
+    table = quick_table(tmp_path, {"tests": ["t.py::a", "u.py::b[1]"], "about": "2 tests catch 3 mutants"})
+    plan = make_plan(["--quick", "-x"], 0, table, root=tmp_path)
+    assert plan.pytest_args == ("-m", "(not big)", *FIXED_PYTEST_ARGS, "-x", "t.py::a", "u.py::b[1]")
+    assert describe(plan, 0) == ("run_unit.sh: configuration quick, -m '(not big)', 0 GPU(s)\n"
+                                 "run_unit.sh: 2 tests catch 3 mutants")
+    assert make_plan([], 0, table, root=tmp_path).pytest_args == ("-m", "(not big)", *FIXED_PYTEST_ARGS)
+    assert "  --quick          the few\n                   tests matching: not big; uv extra: none\n" \
+           "                   only the tests listed in quick.json\n" in usage(table)
+    assert "| `--quick` | `not big`, only the tests listed in `quick.json` | - | - |" in render_markdown(table)
+
+
+@pytest.mark.parametrize("doc", ["{not json", {"tests": []}, {"tests": "t.py::a"}, {"tests": ["t.py::a", 3]},
+                                 {"tests": ["t.py::a"], "about": 1}, ["t.py::a"]],
+                         ids=["not-json", "empty", "a-string", "not-a-node-id", "about-not-text", "a-list"])
+def test_a_selection_file_that_is_not_a_list_of_tests_is_one_line_naming_it(tmp_path, doc):
+    table = quick_table(tmp_path, doc)
+    with pytest.raises(PlanError, match=rf"^the quick configuration's tests file {tmp_path / 'quick.json'}: "):
+        make_plan(["--quick"], 0, table, root=tmp_path)
+    (tmp_path / "quick.json").unlink()
+    with pytest.raises(PlanError, match="cannot read it: .*No such file"):
+        make_plan(["--quick"], 0, table, root=tmp_path)

@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[4]
 TREE = REPO / "tests/unit/testing/harness/fixture_tree"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one_process", "two_xdist_workers"])
+@pytest.mark.slow(reason="coverage measured inside real Ray actors, under xdist too")
 def test_actor_only_lines_are_covered(tmp_path, workers):
     env = {**os.environ, "POSTTRAIN_UNIT_RESULTS_DIR": str(tmp_path / "results"),
            "COVERAGE_FILE": str(tmp_path / ".coverage"),  # keep clear of any outer --cov run's data files

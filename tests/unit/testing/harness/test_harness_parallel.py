@@ -206,6 +206,7 @@ def test_unit_results_hold_what_tests_tracked_on_two_workers(tree):
         assert values["threads"] == str(thread_share(available_cpus(), 2)), nodeid
 
 
+@pytest.mark.slow(reason="pytest-xdist workers as real processes")
 def test_auto_starts_one_worker_per_cpu_of_the_affinity_mask_not_per_core_of_the_machine(tree, monkeypatch):
     """``-n auto`` in a process limited to one CPU (as ``taskset -c 0`` or a container's cpuset
     limits it): one worker, whatever the machine has. xdist alone counts physical cores."""
@@ -257,6 +258,7 @@ def test_a_fast_tokenizer_in_a_worker_starts_only_its_share_of_threads(bare, mon
     assert 1 <= got["new_threads"] <= share, (got, share)
 
 
+@pytest.mark.slow(reason="pytest-xdist workers as real processes, torch in each")
 def test_a_thread_count_of_your_own_wins(tree, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     run(tree, 2, "-k", "zeta")
@@ -272,6 +274,7 @@ def test_the_heaviest_module_goes_out_first(tree):
                      "test_beta"], order
 
 
+@pytest.mark.slow(reason="pytest-xdist workers as real processes")
 def test_a_shard_runs_exactly_its_part_and_the_controller_prints_its_lines(tree):
     everything = ["test_alpha.py::test_0", "test_alpha.py::test_1", "test_alpha.py::test_2", "test_beta.py::test_0",
                   "test_beta.py::test_1", "test_gamma.py::test_0", "test_zeta.py::test_0"]  # -m drops gamma's slow one
@@ -295,6 +298,7 @@ def test_a_shard_runs_exactly_its_part_and_the_controller_prints_its_lines(tree)
     ])
 
 
+@pytest.mark.slow(reason="pytest-xdist workers as real processes")
 def test_nothing_ran_still_exits_5(tree):
     result = run(tree, 2, "--fail-on-nothing-ran", "-m", "slow", "-k", "not gamma", ret=5)
     result.stdout.fnmatch_lines(["nothing was tested: no test selected, or every selected test skipped (exit 5)"])
@@ -303,6 +307,7 @@ def test_nothing_ran_still_exits_5(tree):
     run(tree, 2, "--fail-on-nothing-ran", "-k", "test_s", ret=5)
 
 
+@pytest.mark.slow(reason="a Ray cluster in each of two xdist workers")
 def test_a_workers_cluster_starts_after_another_worker_rewrote_the_ray_token_file(bare, monkeypatch):
     """Ray writes ``~/.ray/auth_token`` for the first local cluster of a machine and reads it again at
     every start. xdist workers starting their clusters at once race on that file: on the 16-core host
@@ -339,6 +344,7 @@ def test_a_ray_token_setting_of_your_own_is_left_alone(monkeypatch):
         monkeypatch.delenv(name)
 
 
+@pytest.mark.slow(reason="pytest-xdist workers as real processes, torch in each")
 def test_a_test_that_leaves_torch_on_more_threads_does_not_hand_them_to_the_next(bare):
     """Each test in a worker starts with torch at the worker's share. Under -n auto on the 16-core host,
     workers running the in-process loop tests spun OpenMP teams of 16 (15 threads waiting in libgomp's

@@ -172,6 +172,7 @@ def test_k_matches_run_even_when_nothing_changed(tree):
     assert tree.ran() == [*DRIVER_TESTS, "test_plain.py::test_plain"]
 
 
+@pytest.mark.slow(reason="inner pytest --testmon runs as real processes")
 def test_a_change_stays_pending_for_the_tests_a_run_left_out(tree):
     tree.seed()
     tree.edit("mypkg/worker.py", "x + 1", "1 + x")
@@ -204,6 +205,7 @@ def test_a_session_with_a_failure_records_nothing(tree):
     result.stdout.fnmatch_lines(["*2 passed, 1 deselected*"])
 
 
+@pytest.mark.slow(reason="inner pytest --testmon runs as real processes")
 def test_deleting_the_two_files_rebuilds_them(tree):
     tree.seed()
     (tree.path / MAP_FILE).unlink()
@@ -250,6 +252,7 @@ def test_the_import_map_follows_lazy_imports_conftests_helpers_and_the_package(t
     assert builder.entry(test_x) == sorted([*expected, "pkg/unused.py"])  # fixtures unknown: every body counts
 
 
+@pytest.mark.slow(reason="inner pytest --testmon runs under xdist as real processes")
 def test_under_xdist_workers_select_and_the_controller_records_after_a_passing_session(tree):
     """``--testmon -n 2``: testmon selects in each worker; the map and state are written by the controller,
     from what the workers collected, and only when nothing failed."""

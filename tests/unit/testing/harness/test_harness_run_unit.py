@@ -133,6 +133,7 @@ def test_help_prints_the_configurations_and_runs_nothing(tmp_path):
 
 @pytest.mark.parametrize(("flag", "message"), [("--vlm-only", "unknown flag --vlm-only; did you mean --vllm-only"),
                                                ("-Z", "pytest refused the arguments")])
+@pytest.mark.slow(reason="run_unit.sh as a real process")
 def test_unknown_flags_exit_2(tmp_path, flag, message):
     proc = run_unit(tmp_path, flag)
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -275,6 +275,7 @@ def test_a_bad_durations_file_exits_with_a_usage_error(tree):
     result.stderr.fnmatch_lines(["ERROR: --shard-durations broken.json: cannot read it*"])
 
 
+@pytest.mark.slow(reason="run_unit.sh as a real process")
 def test_run_unit_sh_accepts_shard(tmp_path):
     """run_unit.sh refuses flags pytest does not know: --shard must be a real pytest option."""
     env = {**os.environ, "POSTTRAIN_NUM_GPUS": "0", "POSTTRAIN_UNIT_RESULTS_DIR": str(tmp_path / "results"),

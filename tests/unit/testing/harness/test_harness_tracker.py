@@ -115,6 +115,7 @@ def test_a_worker_that_ray_started_through_uv_run_is_counted(tmp_path):
 
 
 @cpu_path_only
+@pytest.mark.slow(reason="a Ray actor allocating 1 GiB, read by the cluster's memory probe")
 def test_max_mem_grows_when_a_ray_actor_allocates_1_gib(ray_cluster, tracker):
     """CPU: the peak RSS of Ray workers counts, so a 1 GiB allocation inside an actor shows."""
     import numpy as np
