@@ -275,6 +275,12 @@ def test_a_clean_test_costs_one_listing_before_and_one_after_and_no_wait(cluster
     assert (_teardown(check), cluster.listings) == (None, 2)
 
 
+def test_a_teardown_whose_setup_never_reached_the_check_reports_nothing_of_its_own(cluster):
+    """Another plugin's setup wrapper, run outside this one, failed: pytest still tears the test down."""
+    assert _teardown(RayLeakCheck()) is None
+    assert cluster.listings == 1
+
+
 @pytest.mark.parametrize(("dies_in", "reported"), [(None, True), (3.1, True), (3.02, False), (2.9, False)])
 def test_an_object_gone_within_the_three_second_grace_period_is_not_reported(cluster, dies_in, reported):
     """ray.kill returns before the GCS lists the actor DEAD: the check looks again every 0.05 s for
