@@ -1072,8 +1072,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/testing/harness/ray_leaks.py",
            (("(_settled_ids() if RAY_FIXTURE in request.fixturenames else self._ids())",
              "(self._ids() if RAY_FIXTURE in request.fixturenames else self._ids())"),),
-           ("tests/unit/testing/harness/test_harness_ray_leaks.py::"
-            "test_only_fixtures_of_a_test_that_uses_ray_wait_for_their_actors_to_settle",), klass="harness"),
+           ("tests/unit/testing/harness/test_harness_ray_leaks_stand_in.py::"
+            "test_only_the_fixtures_of_a_test_that_uses_ray_wait_for_their_actors_to_be_listed",
+            "tests/unit/testing/harness/test_harness_ray_leaks.py::"
+            "test_only_fixtures_of_a_test_that_uses_ray_wait_for_their_actors_to_settle"), klass="harness"),
     # --- issue 33: generation with megatron-core's inference loop (--mcore-only, 1 GPU) -----------
     Mutant("megatron_sampler_raw_logprobs", "the engine returns the raw logits' logprobs (megatron's own), not "
            "those of the tempered, top-k / top-p distribution it sampled from: every importance ratio is off",
