@@ -6,6 +6,8 @@ Ray cluster of the ``ray_cluster`` fixture and start no Ray of their own.
 
 from __future__ import annotations
 
+import pytest
+
 from posttrain.testing.harness.ray_leaks import LiveRayObjects, leaked, live_ray_objects
 
 # The inner modules' common head: an actor class to leak or to hold.
@@ -59,6 +61,7 @@ def test_leaks_placement_group():
 '''
 
 
+@pytest.mark.slow(reason="an inner pytest run whose tests leak real Ray actors")
 def test_leaked_actor_and_placement_group_error_and_fixture_held_ones_do_not(ray_cluster, pytester, monkeypatch):
     monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
     pytester.makepyfile(test_inner=INNER)
@@ -118,6 +121,7 @@ def test_with_ray(engine, model_dir):
 '''
 
 
+@pytest.mark.slow(reason="an inner pytest run whose fixtures start real Ray actors")
 def test_only_fixtures_of_a_test_that_uses_ray_wait_for_their_actors_to_settle(ray_cluster, pytester, monkeypatch):
     """A module fixture of a Ray-free test is recorded with one listing; the fixtures of a test
     whose closure holds ``ray_cluster`` wait for their actors to be listed (an actor its
