@@ -67,10 +67,11 @@ class RayNode:
     def alive(self) -> bool:
         """Whether the node's ``ray start`` process still runs (not a zombie)."""
         try:
-            status = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            # bytes: a process's name (in parentheses, before the state) need not be UTF-8
+            status = Path(f"/proc/{self.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
         except OSError:
             return False
-        return status != "Z"
+        return status != b"Z"
 
 
 @dataclass
@@ -124,7 +125,7 @@ class LocalRayCluster:
         """
         for pid in sorted(process_tree(self.nodes[index].pid)):
             try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
+                if Path(f"/proc/{pid}/comm").read_bytes().strip() == b"raylet":
                     return pid
             except OSError:
                 continue
@@ -179,7 +180,9 @@ def process_tree(pid: int) -> set[int]:
         if not entry.name.isdigit():
             continue
         try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            # bytes: a process's name (its executable's, or one it gave itself) need not be UTF-8, and such
+            # a process must not drop out of the tree that teardown kills
+            parent = int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue  # it exited while we looked
         children.setdefault(parent, []).append(int(entry.name))

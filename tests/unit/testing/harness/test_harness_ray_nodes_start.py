@@ -25,11 +25,12 @@ from posttrain.testing.harness.ray_nodes import LocalRayCluster, RayNode
 
 FAKE_RAY = """#!/bin/bash
 # a stand-in for `ray start --block`: what it was given, then block (or exit: a node that died)
-env -0 > "{record}/$$.env"
-readlink /proc/$$/fd/0 > "{record}/$$.stdin"
-printf '%s\\0' "$@" > "{record}/$$.tmp" && mv "{record}/$$.tmp" "{record}/$$.argv"
 echo "ray start out"
 echo "ray start err" >&2
+env -0 > "{record}/$$.env"
+readlink /proc/$$/fd/0 > "{record}/$$.stdin"
+# the arguments last: once they are there, so is the rest
+printf '%s\\0' "$@" > "{record}/$$.tmp" && mv "{record}/$$.tmp" "{record}/$$.argv"
 case " $* " in {exit_if}) exit 3 ;; esac
 exec sleep 60
 """
@@ -39,7 +40,7 @@ HEAD, NODE_2, NONE = '*" --head "*', "*posttrain_node_2*", "never"  # which node
 def running(pid: int) -> bool:
     """Whether ``pid`` is a live process (not gone, not a zombie)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
     except OSError:
         return False
 
@@ -159,6 +160,14 @@ def assert_stopped(runs: list[Started] | list[RayNode]) -> None:
             os.waitpid(run.pid, os.WNOHANG)
 
 
+def assert_stopped_as_recorded(state: Path, nodes: int) -> None:
+    """nodes.json names ``nodes`` nodes, each stopped (read from the record: a stand-in stopped at once
+    may not have run far enough to record itself)."""
+    recorded = LocalRayCluster.load(str(state)).nodes
+    assert [node.index for node in recorded] == list(range(nodes))
+    assert_stopped(recorded)
+
+
 def test_the_head_starts_first_then_workers_join_its_address_each_named_by_its_resource(fake_ray):
     with stdin_from_a_pipe():
         cluster = ray_nodes.start_cluster(3, fake_ray.state, num_cpus=2, object_store_mb=5)
@@ -217,9 +226,7 @@ def test_a_node_whose_ray_start_exits_fails_naming_its_log_and_stops_the_nodes_s
     with pytest.raises(RuntimeError) as error:
         ray_nodes.start_cluster(3, fake_ray.state, timeout_s=30.0)
     assert str(error.value) == f"ray start of node {index} exited; see {fake_ray.state}/node{index}.log"
-    runs = fake_ray.started()
-    assert len(runs) == nodes  # a head that exits: no worker started
-    assert_stopped(runs)
+    assert_stopped_as_recorded(fake_ray.state, nodes)  # a head that exits: no worker started
 
 
 def test_a_head_that_does_not_join_in_time_fails_naming_it_the_address_and_the_logs(fake_ray):
@@ -232,9 +239,7 @@ def test_a_head_that_does_not_join_in_time_fails_naming_it_the_address_and_the_l
     assert str(error.value) == (f"the Ray nodes ['posttrain_node_0'] did not all join {address} within 0.1 s; "
                                 f"see {fake_ray.state}/node*.log")
     assert 0.1 <= took < 5.0, took
-    runs = fake_ray.started()
-    assert len(runs) == 1  # the head did not join: no worker started
-    assert_stopped(runs)
+    assert_stopped_as_recorded(fake_ray.state, 1)  # the head did not join: no worker started
 
 
 def test_workers_that_do_not_join_in_time_fail_naming_every_node(fake_ray, monkeypatch):
@@ -246,9 +251,7 @@ def test_workers_that_do_not_join_in_time_fail_naming_every_node(fake_ray, monke
         ray_nodes.start_cluster(2, fake_ray.state, timeout_s=0.1)
     assert str(error.value) == (f"the Ray nodes ['posttrain_node_0', 'posttrain_node_1'] did not all join "
                                 f"{fake_ray.queries[0].address} within 0.1 s; see {fake_ray.state}/node*.log")
-    runs = fake_ray.started()
-    assert len(runs) == 2
-    assert_stopped(runs)
+    assert_stopped_as_recorded(fake_ray.state, 2)
 
 
 def test_an_interrupt_while_waiting_stops_the_nodes_started(fake_ray, monkeypatch):
@@ -258,10 +261,7 @@ def test_an_interrupt_while_waiting_stops_the_nodes_started(fake_ray, monkeypatc
     monkeypatch.setattr(ray_nodes, "_registered_nodes", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ray_nodes.start_cluster(2, fake_ray.state)
-    # killed before it ran far enough to record itself, maybe: the record names it
-    recorded = LocalRayCluster.load(str(fake_ray.state)).nodes
-    assert [node.index for node in recorded] == [0]
-    assert_stopped(recorded)
+    assert_stopped_as_recorded(fake_ray.state, 1)
 
 
 def test_main_start_prints_the_heads_address_and_stop_ends_the_nodes(fake_ray, capsys):
@@ -277,11 +277,11 @@ def test_main_start_prints_the_heads_address_and_stop_ends_the_nodes(fake_ray, c
 
 def test_main_start_passes_its_arguments_on(fake_ray, capsys):
     fake_ray.state.mkdir(parents=True)  # a directory that exists already is fine
-    assert ray_nodes.main(["start", "--nodes", "3", "--num-cpus", "0", "--object-store-mb", "7", "--state",
+    assert ray_nodes.main(["start", "--nodes", "1", "--num-cpus", "0", "--object-store-mb", "7", "--state",
                            str(fake_ray.state)]) == 0
     LocalRayCluster.load(str(fake_ray.state)).stop()
     assert [(run.flags["num-cpus"], run.flags["object-store-memory"]) for run in fake_ray.started()] == [
-        ("0", str(7 * 1024 * 1024))] * 3
+        ("0", str(7 * 1024 * 1024))]
 
 
 def test_main_start_of_a_node_that_exits_is_one_stderr_line_and_exit_1(fake_ray, capsys):
@@ -289,7 +289,7 @@ def test_main_start_of_a_node_that_exits_is_one_stderr_line_and_exit_1(fake_ray,
     assert ray_nodes.main(["start", "--state", str(fake_ray.state)]) == 1
     assert capsys.readouterr() == ("", f"ray_nodes start: ray start of node 0 exited; see "
                                        f"{fake_ray.state}/node0.log\n")
-    assert_stopped(fake_ray.started())
+    assert_stopped_as_recorded(fake_ray.state, 1)
 
 
 def test_the_help_says_what_each_command_and_option_does(capsys):
@@ -297,7 +297,7 @@ def test_the_help_says_what_each_command_and_option_does(capsys):
         with pytest.raises(SystemExit) as exit_:
             ray_nodes.main(argv)
         assert exit_.value.code == 0
-    text = " ".join(capsys.readouterr().out.split())
+    text = " ".join(["", *capsys.readouterr().out.split(), ""])
     for words in ("usage: python -m posttrain.testing.harness.ray_nodes [-h] {start,stop}",
                   "start or stop a multi-node Ray cluster on this machine",
                   "start start the nodes; print the head's address", "stop stop the nodes recorded in --state",
@@ -305,7 +305,11 @@ def test_the_help_says_what_each_command_and_option_does(capsys):
                   "--num-cpus NUM_CPUS logical CPUs of each node", "--object-store-mb OBJECT_STORE_MB",
                   "--state STATE directory for nodes.json and the nodes' logs",
                   "usage: python -m posttrain.testing.harness.ray_nodes stop [-h] --state STATE"):
-        assert words in text, words
+        assert f" {words} " in text, words
+    with pytest.raises(SystemExit) as exit_:
+        ray_nodes.main([])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("error: the following arguments are required: command")
 
 
 # --- the GCS query, through a stand-in `ray` module ---
@@ -316,7 +320,8 @@ import json, os, time
 def init(address, **kwargs):
     with open(os.environ["FAKE_RAY_RECORD"], "w") as out:
         json.dump({"address": address, "token": os.environ.get("RAY_AUTH_TOKEN")}, out)
-    print("a line Ray prints before the answer")
+    print("lines Ray prints before the answer:")
+    print("2026-11-28 INFO worker.py: Connecting to existing Ray cluster at address: " + address)
     if os.environ["FAKE_RAY_INIT"] == "fails":
         raise ConnectionError("no GCS at " + address)
     if os.environ["FAKE_RAY_INIT"] == "hangs":
