@@ -129,7 +129,10 @@ def fake_ray(tmp_path, monkeypatch):
     monkeypatch.setattr(ray_nodes, "STOP_POLL_S", 0.01)
     fake = FakeRay(tmp_path, monkeypatch)
     yield fake
-    for pid in (int(argv.stem) for argv in fake.record.glob("*.argv")):
+    pids = {int(argv.stem) for argv in fake.record.glob("*.argv")}
+    if (fake.state / ray_nodes.STATE_FILE).exists():  # a node stopped before it recorded itself
+        pids |= {node.pid for node in LocalRayCluster.load(str(fake.state)).nodes}
+    for pid in pids:
         if running(pid):
             os.kill(pid, signal.SIGKILL)
         try:
@@ -342,7 +345,7 @@ def query(tmp_path, monkeypatch):
     "joins", "fails" or "hangs". Returns its answer and what the driver's ``ray.init`` was given."""
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "__init__.py").write_text(FAKE_RAY_MODULE)
-    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([str(tmp_path), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
     monkeypatch.setenv("PYTHONPATH", path)
     monkeypatch.setattr(ray_nodes, "QUERY_TIMEOUT_S", 5.0)
     record = tmp_path / "init.json"
