@@ -43,6 +43,10 @@ TOKEN_FILE = "auth_token"
 DEFAULT_START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 20.0
 REAP_TIMEOUT_S = 5.0  # SIGKILL to exit; more only for a process stuck in the kernel
+STOP_POLL_S = 0.2  # how often `stop` looks whether the nodes exited on SIGTERM
+WAIT_POLL_S = 1.0  # how often a start asks the GCS which nodes joined (each ask starts a Python driver)
+# one ask of the GCS: a driver that hangs longer (a GCS not answering yet) counts as "none joined yet"
+QUERY_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -63,10 +67,11 @@ class RayNode:
     def alive(self) -> bool:
         """Whether the node's ``ray start`` process still runs (not a zombie)."""
         try:
-            status = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            # bytes: a process's name (in parentheses, before the state) need not be UTF-8
+            status = Path(f"/proc/{self.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
         except OSError:
             return False
-        return status != "Z"
+        return status != b"Z"
 
 
 @dataclass
@@ -120,7 +125,7 @@ class LocalRayCluster:
         """
         for pid in sorted(process_tree(self.nodes[index].pid)):
             try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
+                if Path(f"/proc/{pid}/comm").read_bytes().strip() == b"raylet":
                     return pid
             except OSError:
                 continue
@@ -161,7 +166,7 @@ class LocalRayCluster:
             _signal(node.pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         while any(node.alive() for node in self.nodes) and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(STOP_POLL_S)
         for node in self.nodes:
             for pid in trees[node.pid] | process_tree(node.pid):
                 _signal(pid, signal.SIGKILL)
@@ -175,7 +180,9 @@ def process_tree(pid: int) -> set[int]:
         if not entry.name.isdigit():
             continue
         try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            # bytes: a process's name (its executable's, or one it gave itself) need not be UTF-8, and such
+            # a process must not drop out of the tree that teardown kills
+            parent = int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue  # it exited while we looked
         children.setdefault(parent, []).append(int(entry.name))
@@ -241,11 +248,16 @@ def _start_node(index: int, state_dir: Path, num_cpus: int, object_store_mb: int
 
 def _registered_nodes(address: str, env: dict[str, str]) -> set[str]:
     """The custom ``posttrain_node_*`` resources of the cluster's alive nodes (``ray status`` would
-    need the dashboard; a short driver asks the GCS)."""
+    need the dashboard; a short driver asks the GCS). Empty when the driver fails or outlives
+    ``QUERY_TIMEOUT_S``."""
     code = ("import json, sys, ray; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
             "print(json.dumps([k for n in ray.nodes() if n['Alive'] for k in n['Resources'] "
             "if k.startswith('posttrain_node_')]))")
-    out = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True, env=env, timeout=120)
+    try:
+        out = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True, env=env,
+                             timeout=QUERY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return set()
     if out.returncode != 0:
         return set()
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -294,7 +306,7 @@ def _wait_for(cluster: LocalRayCluster, resources: set[str], env: dict[str, str]
         if time.monotonic() > deadline:
             raise RuntimeError(f"the Ray nodes {sorted(resources)} did not all join {cluster.address} within "
                                f"{timeout_s:g} s; see {cluster.state_dir}/node*.log")
-        time.sleep(1.0)
+        time.sleep(WAIT_POLL_S)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ tests/integration/test_multinode.py)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,6 +81,8 @@ def test_the_process_tree_holds_a_grandchild_and_not_a_bystander():
 
 NODE = """
 trap {on_term} TERM
+(exec -a $'\\xff\\xfe' '{not_utf8}' 60) &
+echo not_utf8 $!
 (exec -a 'ray::{actor}' sleep 60) &
 echo actor $!
 (exec setsid bash -c "exec -a 'ray::Trainer.train' sleep 60") &
@@ -94,7 +97,7 @@ wait
 def running(pid: int) -> bool:
     """Whether ``pid`` is a live process (not gone, not a zombie): read here, not with RayNode.alive."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
     except OSError:
         return False
 
@@ -120,15 +123,19 @@ def eventually(condition, timeout_s: float = 10.0) -> bool:
 @pytest.fixture
 def fake_nodes(tmp_path):
     """``start(index, actor, on_term)``: a node process (its own session, as ``ray start``'s) whose tree
-    holds a ``ray::<actor>`` process, a ``ray::Trainer.train`` one and a process named ``raylet``; returns
-    the RayNode and the pids its script printed. Every process started is killed at teardown."""
-    raylet = tmp_path / "raylet"
-    raylet.symlink_to(subprocess.run(["bash", "-c", "command -v sleep"], capture_output=True, text=True,
-                                     check=True).stdout.strip())
+    holds a ``ray::<actor>`` process, a ``ray::Trainer.train`` one, a process named ``raylet`` and one
+    whose name and title are not UTF-8 (listed first); returns the RayNode and the pids its script
+    printed. Every process started is killed at teardown."""
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    raylet, not_utf8 = tmp_path / "raylet", tmp_path / os.fsdecode(b"\xff\xfe")
+    raylet.symlink_to(sleep)
+    not_utf8.symlink_to(sleep)
     started: list[tuple[subprocess.Popen, set[int]]] = []
 
     def start(index: int, actor: str, on_term: str = "'exit 0'") -> tuple[RayNode, dict[str, int]]:
-        proc = subprocess.Popen(["bash", "-c", NODE.format(on_term=on_term, actor=actor, raylet=raylet)],
+        proc = subprocess.Popen(["bash", "-c", NODE.format(on_term=on_term, actor=actor, raylet=raylet,
+                                                           not_utf8=not_utf8)],
                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
         assert proc.stdout is not None
         pids = {}
@@ -139,7 +146,8 @@ def fake_nodes(tmp_path):
         # `$!` is printed before the background process has exec'd into its title
         assert eventually(lambda: all(title(pid).startswith("ray::") for pid in (pids["actor"],
                                                                                   pids["bystander_in_tree"]))
-                          and Path(f"/proc/{pids['raylet']}/comm").read_text().strip() == "raylet")
+                          and Path(f"/proc/{pids['raylet']}/comm").read_text().strip() == "raylet"
+                          and Path(f"/proc/{pids['not_utf8']}/cmdline").read_bytes().startswith(b"\xff\xfe\0"))
         return RayNode(index, proc.pid, f"posttrain_node_{index}", 1, str(tmp_path / f"node{index}.log")), pids
 
     yield start
@@ -204,3 +212,46 @@ def test_a_node_whose_process_is_gone_or_a_zombie_is_not_alive(tmp_path):
     proc.wait()
     assert not RayNode(0, proc.pid, "r", 1, "log").alive()
     assert RayNode(0, os.getpid(), "r", 1, "log").alive()
+
+
+def test_a_process_whose_name_holds_a_parenthesis_is_read_from_the_last_one(tmp_path):
+    # /proc/PID/stat: "pid (name) state ppid ...", and the name may itself hold ") R"
+    for name, target in (("ray) R", "sleep"), ("node) R", "true")):
+        executable = shutil.which(target)
+        assert executable is not None
+        (tmp_path / name).symlink_to(executable)
+    parent = subprocess.Popen(["bash", "-c", '"$0" 60 & echo $!; wait', str(tmp_path / "ray) R")],
+                              stdout=subprocess.PIPE, text=True)
+    exited = subprocess.Popen([str(tmp_path / "node) R")])
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert eventually(lambda: Path(f"/proc/{child}/comm").read_text() == "ray) R\n")
+        assert process_tree(parent.pid) == {parent.pid, child}
+        assert eventually(lambda: Path(f"/proc/{exited.pid}/comm").read_text() == "node) R\n"
+                          and not running(exited.pid))
+        assert not RayNode(0, exited.pid, "r", 1, "log").alive()  # a zombie, whatever its name says
+    finally:
+        for pid in process_tree(parent.pid):
+            os.kill(pid, signal.SIGKILL)
+        parent.wait()
+        exited.wait()
+
+
+def test_reaping_waits_a_moment_for_a_node_to_exit_and_no_longer_than_its_bound(monkeypatch):
+    monkeypatch.setattr(ray_nodes, "REAP_TIMEOUT_S", 0.2)
+    exiting = subprocess.Popen(["sleep", "0.05"])
+    start = time.monotonic()
+    ray_nodes._reap(exiting.pid)
+    assert time.monotonic() - start < 0.9  # polled often: not a second per node
+    with pytest.raises(ChildProcessError):  # reaped
+        os.waitpid(exiting.pid, os.WNOHANG)
+    stuck = subprocess.Popen(["sleep", "60"])  # stands for a process stuck in the kernel
+    try:
+        start = time.monotonic()
+        ray_nodes._reap(stuck.pid)
+        assert 0.2 <= time.monotonic() - start < 5.0 and running(stuck.pid)
+    finally:
+        stuck.kill()
+        stuck.wait()
+    ray_nodes._reap(os.getppid())  # not a child of this process: nothing to wait for
