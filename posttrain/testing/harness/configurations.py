@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.testing.harness import skips
+from posttrain.testing.harness.budget import BUDGET_INI
 from posttrain.testing.harness.machine import count_gpus
 from posttrain.testing.harness.repeat import REPEAT_FLAG, parse_repeat
 from posttrain.testing.harness.skips import SkipRule, SkipTableError, is_importable, load_skip_rules
@@ -56,6 +57,9 @@ class Configuration:
     # a selection file (relative to the repository root): JSON {"tests": [node id, ...], "about": "..."};
     # the row runs only those tests (and any path given with it); "about" is printed with the plan
     tests: str = ""
+    # seconds one test's call may take in this row (the harness's posttrain_time_budget_s; 0: none);
+    # None: the pytest ini's
+    time_budget_s: float | None = None
 
     def extra_for(self, num_gpus: int) -> str:
         """The uv extra to install on a machine with ``num_gpus`` GPUs ("" = none)."""
@@ -272,9 +276,11 @@ def make_plan(argv: Sequence[str], num_gpus: int, table: Table,
     selected, about = load_selection(configuration, root)
     expr = None if user_marker else marker_expression(configuration, modifiers, table)
     marker_args = () if expr is None else ("-m", expr)
+    budget = configuration.time_budget_s
+    budget_args = () if budget is None else ("-o", f"{BUDGET_INI}={budget:g}")
     return Plan(configuration, tuple(modifiers), expr,
-                (*marker_args, *FIXED_PYTEST_ARGS, *xdist_schedule_args(passthrough), *passthrough, *selected), repeat,
-                about)
+                (*marker_args, *budget_args, *FIXED_PYTEST_ARGS, *xdist_schedule_args(passthrough), *passthrough,
+                 *selected), repeat, about)
 
 
 def xdist_schedule_args(args: Sequence[str]) -> tuple[str, ...]:
@@ -314,16 +320,18 @@ def _check_extra(configuration: Configuration, num_gpus: int, argv: Sequence[str
 
 def render_markdown(table: Table) -> str:
     """The configurations table of docs/testing.md (the docs test compares it verbatim)."""
-    rows = ["| flag | runs tests matching | uv extra | package checked first |", "|---|---|---|---|"]
+    rows = ["| flag | runs tests matching | uv extra | package checked first | time budget of a call |",
+            "|---|---|---|---|---|"]
     for c in table.configurations:
         extra = f"`{c.extra}`" if c.extra else "-"
         if c.extra_gpu:
             extra += f" (`{c.extra_gpu}` with GPUs)"
         flag = f"`{c.flag}`" if c.flag else "(none: default)"
         only = f", only the tests listed in `{c.tests}`" if c.tests else ""
-        rows.append(f"| {flag} | `{c.select}`{only} | {extra} | {f'`{c.package}`' if c.package else '-'} |")
+        budget = "the ini's" if c.time_budget_s is None else (f"{c.time_budget_s:g} s" if c.time_budget_s else "none")
+        rows.append(f"| {flag} | `{c.select}`{only} | {extra} | {f'`{c.package}`' if c.package else '-'} | {budget} |")
     for m in table.modifiers:
-        rows.append(f"| `{m.flag}` (combines with any) | also `{m.marker}` tests, left out otherwise | - | - |")
+        rows.append(f"| `{m.flag}` (combines with any) | also `{m.marker}` tests, left out otherwise | - | - | - |")
     return "\n".join(rows)
 
 

@@ -346,3 +346,15 @@ def test_a_selection_file_that_is_not_a_list_of_tests_is_one_line_naming_it(tmp_
     (tmp_path / "quick.json").unlink()
     with pytest.raises(PlanError, match="cannot read it: .*No such file"):
         make_plan(["--quick"], 0, table, root=tmp_path)
+
+
+def test_a_rows_time_budget_goes_to_pytest_and_the_ini_decides_without_one(tmp_path):
+    table = Table((Configuration("default", "", "not gpu", "", "", "all"),
+                   Configuration("gpu-only", "--gpu-only", "gpu", "", "", "GPU", time_budget_s=0),
+                   Configuration("fast-only", "--fast-only", "fast", "", "", "fast", time_budget_s=2.5)), ())
+    assert "-o" not in make_plan([], 0, table).pytest_args
+    assert make_plan(["--gpu-only"], 0, table).pytest_args[2:4] == ("-o", "posttrain_time_budget_s=0")
+    assert make_plan(["--fast-only"], 0, table).pytest_args[2:4] == ("-o", "posttrain_time_budget_s=2.5")
+    assert render_markdown(table).splitlines()[2:] == [
+        "| (none: default) | `not gpu` | - | - | the ini's |", "| `--gpu-only` | `gpu` | - | - | none |",
+        "| `--fast-only` | `fast` | - | - | 2.5 s |"]
