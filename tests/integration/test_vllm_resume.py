@@ -41,6 +41,7 @@ def run(model_path: str, steps: int, log_dir: Path, ckpt_dir: Path) -> dict:
     return grpo.train(cfg)
 
 
+@pytest.mark.slow(reason="a real vLLM engine in two GRPO runs, one stopped and resumed")
 def test_a_resumed_vllm_run_samples_and_logs_what_the_uninterrupted_run_did(ray_cluster, tiny_model_path, tmp_path,
                                                                             monkeypatch) -> None:
     monkeypatch.setattr(grpo_step, "math_reward", low_digit_reward)  # every step has a signal to learn from

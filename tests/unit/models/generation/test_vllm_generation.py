@@ -64,6 +64,7 @@ def aligned(batch, rows):
     return out
 
 
+@pytest.mark.slow(reason="a real vLLM engine's generation")
 def test_generation_shapes_and_logprobs(rt):
     eos = rt.tokenizer.eos_token_id
     out = rt.generation.generate(prompts_of(rt, 32), SamplingParams(max_new_tokens=6, seed=3))
@@ -343,6 +344,7 @@ def test_refit_fails_its_version_check_when_the_engine_drops_the_new_label(rt):
     assert rt.generation.weight_version() == new
 
 
+@pytest.mark.slow(reason="real vLLM engines that fail to start, each in its own process")
 def test_engine_start_up_failures_are_one_line(rt, tmp_path):
     from posttrain.config import GenerationWorkerConfig
     from posttrain.errors import EngineStartError
