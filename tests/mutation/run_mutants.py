@@ -173,7 +173,8 @@ def run_pytest(copy: Path, targets: list[str], tier: str = "default", attempts: 
     return out.returncode, output
 
 
-FAILURE_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)  # pytest's -rfE summary
+# pytest's -rfE summary: "FAILED <node id> - <message>"; a node id may hold spaces ("[two steps]")
+FAILURE_LINE = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", re.MULTILINE)
 
 
 def first_failure(output: str) -> str:

@@ -119,3 +119,13 @@ def test_the_catalogues_own_check_never_counts_as_a_catch(tmp_path) -> None:
     (tmp_path / "tests" / "unit" / "test_behaviour.py").write_text("def test_still_right():\n    pass\n")
     code, output = run_pytest(tmp_path, ["tests/unit"], attempts=1)
     assert code == 0, output  # the behaviour test ran and passed; the catalogue's check did not run
+
+
+def test_the_record_reads_every_failed_test_of_pytests_summary_spaces_in_parameters_included() -> None:
+    from run_mutants import all_failures, first_failure
+
+    summary = ("....F\n=== short test summary info ===\n"
+               "FAILED tests/a.py::t[two optimizer steps] - AssertionError: 1 - 2\n"
+               "ERROR tests/b.py - ImportError: no module\nFAILED tests/a.py::u\n")
+    assert all_failures(summary) == ("tests/a.py::t[two optimizer steps]", "tests/a.py::u", "tests/b.py")
+    assert first_failure(summary) == "tests/a.py::t[two optimizer steps]"
