@@ -14,6 +14,7 @@ Only the call phase counts: set-up and teardown are mostly fixtures shared by a 
 cost one test's budget cannot judge. The decisions are the pure :func:`violations` and
 :func:`report_lines`; the pytest hooks are :class:`TimeBudget`. Under xdist the controller
 judges every worker's reports (the worker attaches the test's slow reason to its call report).
+The harness registers the ``slow(reason)`` marker unless the project's ini declares ``slow`` itself.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def parse_budget(value: str) -> float:
     try:
         budget = float(value)
     except ValueError:
-        budget = -1.0
+        budget = math.nan
     if not math.isfinite(budget) or budget < 0:
         raise pytest.UsageError(f"{BUDGET_INI} = {value!r}: expected seconds, a finite number >= 0 (0: no budget)")
     return budget
@@ -92,13 +93,20 @@ def report_lines(timings: Iterable[Timing], budget_s: float) -> list[str]:
     return lines
 
 
+def declares_slow(marker_lines: Iterable[str]) -> bool:
+    """Whether the pytest ini's ``markers`` lines declare ``slow`` already (``slow: ...`` or
+    ``slow(reason): ...``): the harness then leaves the project's own wording alone."""
+    return any(line.split(":", 1)[0].split("(", 1)[0].strip() == SLOW_MARKER for line in marker_lines)
+
+
 class TimeBudget:
     """pytest hooks: attach each test's slow reason to its call report, collect the call times,
     fail a strict run over the budget, print the lines and (``--durations-report``) the table.
-    Under xdist workers only attach; the controller, which sees every report, judges."""
+    Under xdist a worker attaches (its own judgement is never shown); the controller, which sees
+    every report, judges."""
 
-    def __init__(self, budget_s: float, strict: bool, report: bool, active: bool = True):
-        self.budget_s, self.strict, self.report, self.active = budget_s, strict, report, active
+    def __init__(self, budget_s: float, strict: bool, report: bool):
+        self.budget_s, self.strict, self.report = budget_s, strict, report
         self.timings: list[Timing] = []
         self.violations: list[str] = []
 
@@ -111,19 +119,15 @@ class TimeBudget:
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if self.active and report.when == "call":
+        if report.when == "call":
             self.timings.append(Timing(report.nodeid, report.duration, getattr(report, SLOW_REASON, None)))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if not self.active:
-            return
         self.violations = violations(self.timings, self.budget_s)
         if self.strict and self.violations and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not self.active:
-            return
         if self.report:
             terminalreporter.section(f"tests marked slow (budget: {self.budget_s:g} s a call)", sep="-")
             for line in report_lines(self.timings, self.budget_s):

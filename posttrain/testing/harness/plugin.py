@@ -83,7 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(Selection(num_gpus, config.getoption("fail_on_nothing_ran"), table, role),
                                   "posttrain-selection")
     config.pluginmanager.register(_skip_accounting(config, table, num_gpus, role), "posttrain-skips")
-    config.pluginmanager.register(_time_budget(config, role), "posttrain-time-budget")
+    config.pluginmanager.register(_time_budget(config), "posttrain-time-budget")
     config.pluginmanager.register(RayLeakCheck(), "posttrain-ray-leaks")
     config.pluginmanager.register(UnitResults(config), "posttrain-unit-results")
     if role == "worker":
@@ -116,18 +116,19 @@ def _skip_accounting(config: pytest.Config, table: Path, num_gpus: int,
     return skips.SkipAccounting(rules, skips.machine_from(config, num_gpus, rules), active=role != "worker")
 
 
-def _time_budget(config: pytest.Config, role: parallel.Role) -> budget.TimeBudget:
-    """The time budget of this session (``posttrain_time_budget_s``); strict with ``--strict-budget``
-    or under CI where a budget is set; under xdist the controller judges every worker's tests.
+def _time_budget(config: pytest.Config) -> budget.TimeBudget:
+    """The time budget of this session (``posttrain_time_budget_s``; a budget of 0 judges nothing),
+    strict with ``--strict-budget`` or under CI; the ``slow(reason)`` marker registered unless the
+    project declares ``slow`` itself.
 
     Raises:
         pytest.UsageError: the ini's budget is not a number >= 0.
     """
     budget_s = budget.parse_budget(str(config.getini(budget.BUDGET_INI)))
-    if budget_s > 0:
+    if not budget.declares_slow(config.getini("markers")):
         config.addinivalue_line("markers", budget.SLOW_MARKER_HELP)
-    strict = bool(config.getoption("strict_budget")) or (budget_s > 0 and on_ci(os.environ))
-    return budget.TimeBudget(budget_s, strict, bool(config.getoption("durations_report")), active=role != "worker")
+    strict = bool(config.getoption("strict_budget")) or on_ci(os.environ)
+    return budget.TimeBudget(budget_s, strict, bool(config.getoption("durations_report")))
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # xdist's own hook is a plain one: the plugin order would decide
@@ -222,9 +223,7 @@ class UnitResults:
         entry[results.TOTAL] = round(entry.get(results.TOTAL, 0.0) + report.duration, 4)
         if report.when == "call":
             entry[results.ELAPSED] = round(report.duration, 4)
-        shipped = getattr(report, SHIPPED_METRICS, None)  # from an xdist worker
-        if shipped:
-            self.config.stash[METRICS].setdefault(report.nodeid, {}).update(shipped)
+        entry.update(getattr(report, SHIPPED_METRICS, {}))  # the tracker's metrics, from an xdist worker
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from posttrain.testing.harness.budget import Timing, parse_budget, report_lines, violations
+from posttrain.testing.harness.budget import (
+    Timing,
+    declares_slow,
+    parse_budget,
+    report_lines,
+    slow_reason,
+    violations,
+)
 
 # ---------------------------------------------------------------- the decisions (pure)
 
@@ -38,6 +45,9 @@ def test_the_report_lists_the_marked_tests_slowest_first_and_says_which_are_with
     ]
     assert report_lines(TIMINGS, 0.0)[2] == "    1.0 s  t.py::marked_fast: a real Ray cluster"
     assert report_lines([], 5.0) == ["0 test(s) marked slow, 0.0 s of calls together"]
+    # at the budget is within it; with no budget nothing is, not even a test of no measurable time
+    assert report_lines([Timing("t.py::at", 5.0, "r")], 5.0)[0].endswith("(within the budget now)")
+    assert report_lines([Timing("t.py::instant", 0.0, "r")], 0.0)[0] == "    0.0 s  t.py::instant: r"
 
 
 @pytest.mark.parametrize("value", ["-1", "five", "nan", "inf", ""])
@@ -48,6 +58,30 @@ def test_a_budget_that_is_not_seconds_is_a_usage_error_naming_it(value):
     assert parse_budget("0") == 0.0 and parse_budget(" 2.5 ") == 2.5
 
 
+class Marked:
+    """A test item carrying only the markers given (``get_closest_marker`` as pytest's)."""
+
+    def __init__(self, *marks: pytest.MarkDecorator):
+        self.marks = [m.mark for m in marks]
+
+    def get_closest_marker(self, name):
+        return next((m for m in self.marks if m.name == name), None)
+
+
+def test_the_slow_reason_is_the_markers_keyword_or_first_argument_and_anything_else_is_none():
+    assert slow_reason(Marked(pytest.mark.slow(reason=" a Ray cluster "))) == "a Ray cluster"
+    assert slow_reason(Marked(pytest.mark.slow("positional"))) == "positional"
+    assert slow_reason(Marked(pytest.mark.slow)) == ""
+    assert slow_reason(Marked(pytest.mark.slow(reason=3))) == ""  # not text: no reason
+    assert slow_reason(Marked(pytest.mark.filterwarnings("ignore"))) is None  # another marker only
+    assert slow_reason(Marked()) is None
+
+
+def test_the_project_may_declare_slow_itself():
+    assert declares_slow(["gpu(n): ...", "slow(reason): ours"]) and declares_slow(["slow: takes long"])
+    assert not declares_slow(["slowish: no", "mcore: not slow either"]) and not declares_slow([])
+
+
 # ---------------------------------------------------------------- the hooks, in a real pytest run
 
 INNER = '''
@@ -55,8 +89,18 @@ import time
 import pytest
 
 
-def test_fast():
+@pytest.fixture
+def slow_set_up():
+    time.sleep(0.15)
+
+
+def test_fast(slow_set_up):  # only the call counts: its set-up's 0.15 s is not the test's
     pass
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_other_marker_sleeper():  # a marker that is not slow says nothing
+    time.sleep(0.15)
 
 
 def test_unmarked_sleeper():
@@ -96,6 +140,8 @@ def run(pytester, *args: str, ret: int) -> pytest.RunResult:
 
 
 OVER = ["*over the time budget of one test ({})*",
+        "test_inner.py::test_other_marker_sleeper: its call took * s, over the 0.1 s budget of one test, and it is "
+        "not marked slow: *",
         # the sleeps take 0.15 s on an idle machine, longer on a loaded one
         "test_inner.py::test_unmarked_sleeper: its call took * s, over the 0.1 s budget of one test, and it is not "
         "marked slow: *",
@@ -110,7 +156,7 @@ def test_under_ci_an_unmarked_test_over_the_budget_fails_the_run_and_a_marked_on
     assert "test_marked_sleeper:" not in result.stdout.str()
     monkeypatch.setenv("CI", "true")
     run(inner, ret=1)
-    run(inner, "-k", "not unmarked and not bare", ret=0)  # every test over the budget says why
+    run(inner, "-k", "not unmarked and not bare and not other", ret=0)  # every test over the budget says why
 
 
 def test_outside_ci_the_lines_are_printed_and_the_status_is_left_alone(inner):
@@ -133,8 +179,16 @@ def test_a_bad_budget_is_one_usage_error_and_no_budget_checks_nothing(inner):
     result = run(inner, ret=4)
     assert "posttrain_time_budget_s = '5 s': expected seconds, a finite number >= 0 (0: no budget)" \
         in result.stderr.str() + result.stdout.str()
-    inner.makeini("[pytest]\nposttrain_harness = true\nmarkers = slow\n")
+    inner.makeini("[pytest]\nposttrain_harness = true\nmarkers = slow: our own words\n")
     assert "over the time budget" not in run(inner, "--strict-budget", ret=0).stdout.str()
+    assert [line for line in run(inner, "--markers", ret=0).outlines if "mark.slow" in line] == [
+        "@pytest.mark.slow: our own words"]  # the project's declaration stands alone
+
+
+def test_the_harness_declares_the_slow_marker_with_its_reason(inner):
+    assert [line for line in run(inner, "--markers", ret=0).outlines if "mark.slow" in line] == [
+        "@pytest.mark.slow(reason): the test's call takes longer than the time budget (posttrain_time_budget_s); "
+        "the reason says what the seconds buy"]
 
 
 def test_under_xdist_the_controller_judges_every_workers_tests(inner, monkeypatch):
@@ -145,4 +199,4 @@ def test_under_xdist_the_controller_judges_every_workers_tests(inner, monkeypatc
     result = run(inner, "-p", "xdist.plugin", "-p", "posttrain.testing.harness.plugin", "-n", "1", "--strict-budget",
                  "--durations-report", ret=1)
     result.stdout.fnmatch_lines(["*test_inner.py::test_marked_sleeper: waits for a real clock"])
-    assert result.stdout.str().count("over the 0.1 s budget of one test") == 2
+    assert result.stdout.str().count("over the 0.1 s budget of one test") == 3

@@ -114,7 +114,7 @@ def test_the_parts_are_registered_under_their_names_and_each_tests_call_time_is_
     elapsed = [metrics[f"test_inner.py::{name}"]["_elapsed"] for name in ("test_sleeps", "test_tracks", "test_skips")]
     assert 0.05 <= elapsed[0] < 4  # the call's 50 ms, not its set-up's or teardown's
     total = metrics["test_inner.py::test_sleeps"]["_total"]
-    assert elapsed[0] < total < elapsed[0] + 1  # and its set-up and teardown, added
+    assert elapsed[0] < total < elapsed[0] + 1 and round(total, 4) == total  # its set-up and teardown added
     assert [round(e, 4) for e in elapsed] == elapsed  # seconds to 0.1 ms
 
 
