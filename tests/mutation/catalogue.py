@@ -658,9 +658,9 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- issue 31: classes 1 (resume restores the whole run) and 5 (values reach their code unchanged) ---
     Mutant("resume_reference_from_checkpoint", "a resumed run loads the checkpoint into the KL reference too: the "
            "KL is measured against step N's weights, not the initial model's",
-           HF_WORKER, (("            self.model.load_state_dict(loaded.state_dict())",
-                        "            for model in (self.model, self.reference or self.model):\n"
-                        "                model.load_state_dict(loaded.state_dict())"),),
+           HF_WORKER, (("                self.model.load_state_dict(loaded.state_dict())",
+                        "                for model in (self.model, self.reference or self.model):\n"
+                        "                    model.load_state_dict(loaded.state_dict())"),),
            (f"{RESUME}::test_a_loaded_checkpoint_trains_on_from_its_weights_against_the_initial_reference",
             f"{RESUME}::test_a_resumed_run_logs_what_the_uninterrupted_run_logged"), klass="resume"),
     Mutant("sft_stop_check_skipped_on_resume", "a resumed SFT run forgets that its last validation met the target: "
