@@ -20,6 +20,7 @@ The harness registers the ``slow(reason)`` marker unless the project's ini decla
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -96,7 +97,7 @@ def report_lines(timings: Iterable[Timing], budget_s: float) -> list[str]:
 def declares_slow(marker_lines: Iterable[str]) -> bool:
     """Whether the pytest ini's ``markers`` lines declare ``slow`` already (``slow: ...`` or
     ``slow(reason): ...``): the harness then leaves the project's own wording alone."""
-    return any(line.split(":", 1)[0].split("(", 1)[0].strip() == SLOW_MARKER for line in marker_lines)
+    return any(re.match(rf"\s*{SLOW_MARKER}\s*[(:]", line) for line in marker_lines)
 
 
 class TimeBudget:
@@ -108,7 +109,6 @@ class TimeBudget:
     def __init__(self, budget_s: float, strict: bool, report: bool):
         self.budget_s, self.strict, self.report = budget_s, strict, report
         self.timings: list[Timing] = []
-        self.violations: list[str] = []
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):
@@ -123,8 +123,7 @@ class TimeBudget:
             self.timings.append(Timing(report.nodeid, report.duration, getattr(report, SLOW_REASON, None)))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        self.violations = violations(self.timings, self.budget_s)
-        if self.strict and self.violations and session.exitstatus == pytest.ExitCode.OK:
+        if self.strict and violations(self.timings, self.budget_s) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -132,9 +131,10 @@ class TimeBudget:
             terminalreporter.section(f"tests marked slow (budget: {self.budget_s:g} s a call)", sep="-")
             for line in report_lines(self.timings, self.budget_s):
                 terminalreporter.write_line(line)
-        if self.violations:
+        over = violations(self.timings, self.budget_s)
+        if over:
             strict = "strict: fails the run" if self.strict else \
                 "not strict: --strict-budget or CI=true fails the run on these"
             terminalreporter.section(f"over the time budget of one test ({strict})", sep="-")
-            for line in self.violations:
+            for line in over:
                 terminalreporter.write_line(line, red=self.strict)

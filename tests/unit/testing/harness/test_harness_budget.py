@@ -78,8 +78,11 @@ def test_the_slow_reason_is_the_markers_keyword_or_first_argument_and_anything_e
 
 
 def test_the_project_may_declare_slow_itself():
-    assert declares_slow(["gpu(n): ...", "slow(reason): ours"]) and declares_slow(["slow: takes long"])
-    assert not declares_slow(["slowish: no", "mcore: not slow either"]) and not declares_slow([])
+    for declared in (["gpu(n): ...", "slow(reason): ours"], ["slow: takes long: minutes"], [" slow (why): x"],
+                     ["slow:"]):
+        assert declares_slow(declared), declared
+    for other in (["slowish: no"], ["mcore: not slow either"], ["slow_io(n): no"], ["mark slow: no"], []):
+        assert not declares_slow(other), other
 
 
 # ---------------------------------------------------------------- the hooks, in a real pytest run
@@ -139,7 +142,7 @@ def run(pytester, *args: str, ret: int) -> pytest.RunResult:
     return result
 
 
-OVER = ["*over the time budget of one test ({})*",
+OVER = ["-* over the time budget of one test ({}) -*",
         "test_inner.py::test_other_marker_sleeper: its call took * s, over the 0.1 s budget of one test, and it is "
         "not marked slow: *",
         # the sleeps take 0.15 s on an idle machine, longer on a loaded one
@@ -159,6 +162,13 @@ def test_under_ci_an_unmarked_test_over_the_budget_fails_the_run_and_a_marked_on
     run(inner, "-k", "not unmarked and not bare and not other", ret=0)  # every test over the budget says why
 
 
+def test_the_lines_are_red_where_they_fail_the_run(inner):
+    red = "\x1b[31m"
+    over = [line for line in run(inner, "--color=yes", "--strict-budget", ret=1).outlines if "s budget of" in line]
+    assert len(over) == 3 and all(line.startswith(red) for line in over)
+    assert not any(red in line for line in run(inner, "--color=yes", ret=0).outlines if "s budget of" in line)
+
+
 def test_outside_ci_the_lines_are_printed_and_the_status_is_left_alone(inner):
     result = run(inner, ret=0)
     result.stdout.fnmatch_lines([OVER[0].format("not strict: --strict-budget or CI=true fails the run on these")])
@@ -167,7 +177,7 @@ def test_outside_ci_the_lines_are_printed_and_the_status_is_left_alone(inner):
 
 def test_the_durations_report_lists_the_marked_tests_with_their_times_and_reasons(inner):
     result = run(inner, "--durations-report", "-k", "marked", ret=0)
-    result.stdout.fnmatch_lines(["*tests marked slow (budget: 0.1 s a call)*",
+    result.stdout.fnmatch_lines(["-* tests marked slow (budget: 0.1 s a call) -*",
                                  "    * s  test_inner.py::test_marked_sleeper: waits for a real clock",
                                  "    * s  test_inner.py::test_marked_fast: says why positionally "
                                  "(within the budget now)",
