@@ -109,6 +109,7 @@ def test_a_loaded_checkpoint_trains_on_from_its_weights_against_the_initial_refe
     torch.testing.assert_close(resumed.get_logprobs(batch, reference=True), initial, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow(reason="GRPO runs stopped and resumed from their checkpoints")
 def test_resume_auto_takes_the_newest_complete_checkpoint_and_never_starts_over(in_process, tiny_model_path,
                                                                                  tmp_path) -> None:
     run(in_process, grpo, GRPO_YAML, GRPO_BASE, 4, tmp_path / "log", tmp_path / "ckpt", tiny_model_path,

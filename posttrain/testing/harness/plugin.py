@@ -212,18 +212,27 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 class UnitResults:
-    """Collects ``_elapsed`` and ``_total`` of every test and writes unit_results.json at the session's end."""
+    """Collects ``_elapsed`` and ``_total`` of every test whose call ran (a test skipped or failed at set-up
+    has neither) and writes unit_results.json at the session's end."""
 
     def __init__(self, config: pytest.Config):
         self.config = config
+        self.set_up_s: dict[str, float] = {}  # a set-up's seconds, until its test's call (if any) reports
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        entry = self.config.stash[METRICS].setdefault(report.nodeid, {})
-        # the test's whole time, its fixtures' set-up and teardown included: what a shard or a tier pays
-        entry[results.TOTAL] = round(entry.get(results.TOTAL, 0.0) + report.duration, 4)
-        if report.when == "call":
+        metrics = self.config.stash[METRICS]
+        # _total: the test's whole time, its fixtures' set-up and teardown included (what a shard or a tier pays)
+        if report.when == "setup":
+            self.set_up_s[report.nodeid] = report.duration
+        elif report.when == "call":
+            entry = metrics.setdefault(report.nodeid, {})
             entry[results.ELAPSED] = round(report.duration, 4)
-        entry.update(getattr(report, SHIPPED_METRICS, {}))  # the tracker's metrics, from an xdist worker
+            entry[results.TOTAL] = round(self.set_up_s.pop(report.nodeid, 0.0) + report.duration, 4)
+        elif results.TOTAL in metrics.get(report.nodeid, {}):  # the teardown of a test whose call ran
+            metrics[report.nodeid][results.TOTAL] = round(metrics[report.nodeid][results.TOTAL] + report.duration, 4)
+        shipped = getattr(report, SHIPPED_METRICS, None)  # the tracker's metrics, from an xdist worker
+        if shipped:
+            metrics.setdefault(report.nodeid, {}).update(shipped)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):

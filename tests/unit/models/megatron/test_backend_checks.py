@@ -49,6 +49,7 @@ def test_megatron_layouts_not_built_yet_are_refused_in_one_line(megatron_keys, m
                                                                      "sequence_parallel": False}})
 
 
+@pytest.mark.slow(reason="the entry point as a real process")
 def test_the_entry_point_refuses_context_parallelism_in_one_line(tmp_path) -> None:
     result = run(sys.executable, "examples/run_grpo.py", "policy.backend=megatron",
                  "policy.megatron.context_parallel_size=2", f"logger.log_dir={tmp_path}", CUDA_VISIBLE_DEVICES="")

@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import ray
 
 
@@ -24,5 +25,6 @@ def niceness() -> int:
     return os.nice(0)
 
 
+@pytest.mark.slow(reason="a Ray task on the cluster, under coverage in the inner run")
 def test_records_its_ray_cluster(ray_cluster, tracker):
     record_cluster(tracker)

@@ -1,6 +1,7 @@
 """Inner test of test_harness_coverage.py: runs actor_only.py's code in a Ray actor only."""
 
 import actor_only
+import pytest
 import ray
 from case_cluster import record_cluster
 
@@ -9,6 +10,7 @@ from case_cluster import record_cluster
 ray.cloudpickle.register_pickle_by_value(actor_only)
 
 
+@pytest.mark.slow(reason="a Ray actor started under coverage")
 def test_actor_runs_code(ray_cluster, tracker):
     record_cluster(tracker)
     actor = actor_only.Doubler.remote()
