@@ -124,6 +124,9 @@ def staleness(catches: Mapping[str, Sequence[str]], selection: Mapping[str, obje
     for name in sorted(set(catches) - set(wanted)):
         lines.append(f"catches.json records {name}, which is not a default-tier mutant of the catalogue: remove it, "
                      f"then `{SELECT_CMD}`")
+    for test in sorted({t for tests in catches.values() for t in tests}):
+        if not (REPO / test.split("::")[0]).is_file():
+            lines.append(f"catches.json names {test}, whose file is not in the repository: record its mutants again")
     placed = {name: catches[name] for name in wanted if name in catches}
     try:
         expected = selection_document(choose(placed, durations), placed, durations, mutants)

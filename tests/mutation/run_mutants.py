@@ -180,14 +180,20 @@ def run_pytest(copy: Path, targets: list[str], tier: str = "default", attempts: 
 FAILURE_LINE = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", re.MULTILINE)
 
 
+def _summary(output: str) -> str:
+    # pytest's closing summary only: failures printed before it (an inner pytest session's, in a
+    # harness test's captured output) are not this run's
+    return output.rsplit("short test summary info", 1)[-1]
+
+
 def first_failure(output: str) -> str:
-    match = FAILURE_LINE.search(output)
+    match = FAILURE_LINE.search(_summary(output))
     return match.group(1) if match else "?"
 
 
 def all_failures(output: str) -> tuple[str, ...]:
-    """Every test (or module, for a collection error) pytest's summary names as failed, sorted."""
-    return tuple(sorted(set(FAILURE_LINE.findall(output))))
+    """Every test (or module, for a collection error) pytest's closing summary names as failed, sorted."""
+    return tuple(sorted(set(FAILURE_LINE.findall(_summary(output)))))
 
 
 LOG_DIR = Path(tempfile.gettempdir()) / "posttrain-mutants-logs"

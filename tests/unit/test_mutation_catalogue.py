@@ -132,7 +132,8 @@ def test_the_catalogues_own_check_never_counts_as_a_catch(tmp_path) -> None:
 def test_the_record_reads_every_failed_test_of_pytests_summary_spaces_in_parameters_included() -> None:
     from run_mutants import all_failures, first_failure
 
-    summary = ("....F\n=== short test summary info ===\n"
+    summary = ("....F\n___ test_inner ___\n--- captured stdout ---\nFAILED test_inner.py::t - an inner session's\n"
+               "=== short test summary info ===\n"
                "FAILED tests/a.py::t[two optimizer steps] - AssertionError: 1 - 2\n"
                "ERROR tests/b.py - ImportError: no module\nFAILED tests/a.py::u\n")
     assert all_failures(summary) == ("tests/a.py::t[two optimizer steps]", "tests/a.py::u", "tests/b.py")

@@ -21,21 +21,23 @@ from catalogue import Mutant  # noqa: E402
 
 MUTANTS = [Mutant(n, "", "p.py", (("a", "b"),), tier=t) for n, t in
            [("m1", "default"), ("m2", "default"), ("m3", "default"), ("g1", "mcore")]]
-CATCHES = {"m1": ["a.py::cheap", "z.py::costly"], "m2": ["b.py::cheap", "z.py::costly"],
-           "m3": ["z.py::costly", "c.py::mid"]}
-DURATIONS = {"a.py::cheap": 0.1, "b.py::cheap": 0.2, "c.py::mid": 0.5, "z.py::costly": 30.0}
+# node ids in files that exist (the check looks for them); their costs are made up
+A, B, C, Z = (f"tests/unit/test_ops.py::{n}" for n in ("cheap", "cheap_b", "mid", "z_costly"))
+CATCHES = {"m1": [A, Z], "m2": [B, Z], "m3": [Z, C]}
+DURATIONS = {A: 0.1, B: 0.2, C: 0.5, Z: 30.0}
 
 
 def test_the_cover_takes_the_most_catches_per_second_and_every_mutant_is_caught():
     # z catches all three but costs 30 s: the three cheap ones cost 0.8 s together
-    assert quick_tier.choose(CATCHES, DURATIONS) == ["a.py::cheap", "b.py::cheap", "c.py::mid"]
+    assert quick_tier.choose(CATCHES, DURATIONS) == [A, B, C]
     # a costly test that alone catches a mutant is taken, and the cheap ones it makes redundant go
-    assert quick_tier.choose({**CATCHES, "m4": ["z.py::costly"]}, DURATIONS) == ["z.py::costly"]
-    assert quick_tier.choose({**CATCHES, "m4": ["z.py::costly"], "m5": ["a.py::cheap"]}, DURATIONS) == [
-        "a.py::cheap", "z.py::costly"]
+    assert quick_tier.choose({**CATCHES, "m4": [Z]}, DURATIONS) == [Z]
+    assert quick_tier.choose({**CATCHES, "m4": [Z], "m5": [A]}, DURATIONS) == [
+        A, Z]
     # ties go to the node id; a module (a collection error caught it) costs its tests' sum
     assert quick_tier.choose({"m": ["y.py::t", "x.py::t"]}, {"x.py::t": 1.0, "y.py::t": 1.0}) == ["x.py::t"]
-    assert quick_tier.cost_of("z.py", DURATIONS, 1.0) == 30.0 and quick_tier.cost_of("n.py::t", DURATIONS, 0.4) == 0.4
+    assert quick_tier.cost_of("tests/unit/test_ops.py", DURATIONS, 1.0) == 30.8
+    assert quick_tier.cost_of("n.py::t", DURATIONS, 0.4) == 0.4
     with pytest.raises(ValueError, match=r"^no test catches \['m9'\]$"):
         quick_tier.choose({"m9": []}, DURATIONS)
 
@@ -46,7 +48,7 @@ def committed(catches=CATCHES, durations=DURATIONS) -> dict[str, object]:
 
 def test_a_selection_that_its_inputs_give_has_no_problem_and_says_what_it_catches():
     doc = committed()
-    assert doc == {"tests": ["a.py::cheap", "b.py::cheap", "c.py::mid"], "seconds": 0.8,
+    assert doc == {"tests": [A, B, C], "seconds": 0.8,
                    "about": "the quick tier: 3 tests (about 1 s recorded), chosen to catch 3 of the catalogue's 3 "
                             "default-tier mutants (4 mutants in all; tests/mutation/catches.json)"}
     assert quick_tier.problems(CATCHES, doc, DURATIONS, MUTANTS) == []
@@ -59,21 +61,24 @@ def test_a_new_mutant_a_gone_one_a_stale_selection_and_a_lost_catch_are_each_one
         "mutant m5 has no record of the tests that catch it: run `uv run --group test python "
         "tests/mutation/run_mutants.py --record tests/mutation/catches.json --only m5`, then `uv run --group test "
         "python tests/mutation/quick_tier.py select`")
-    gone = quick_tier.problems({**CATCHES, "g1": ["a.py::cheap"]}, doc, DURATIONS, MUTANTS)
+    gone = quick_tier.problems({**CATCHES, "g1": [A]}, doc, DURATIONS, MUTANTS)
     assert gone == ["catches.json records g1, which is not a default-tier mutant of the catalogue: remove it, then "
                     "`uv run --group test python tests/mutation/quick_tier.py select`"]
-    moved = {**DURATIONS, "c.py::mid": 40.0}  # now z is the cheaper way to catch m3
+    moved = {**DURATIONS, C: 40.0}  # now Z is the cheaper way to catch m3
     assert quick_tier.problems(CATCHES, doc, moved, MUTANTS) == [
         "tests/mutation/quick_tier.json is not the selection its inputs give (the catalogue, catches.json, "
         "tests/durations.json): run `uv run --group test python tests/mutation/quick_tier.py select`"]
-    fresh = {"m3": ["z.py::costly"], "m1": ["a.py::cheap"]}  # c.py::mid no longer catches m3
+    fresh = {"m3": [Z], "m1": [A]}  # C no longer catches m3
     assert quick_tier.problems(CATCHES, doc, DURATIONS, MUTANTS, fresh=fresh) == [
-        "mutant m3: no test of the quick tier caught it in the fresh run (caught by ['z.py::costly']): update "
+        f"mutant m3: no test of the quick tier caught it in the fresh run (caught by ['{Z}']): update "
         "catches.json from that run, then `uv run --group test python tests/mutation/quick_tier.py select`"]
+    assert quick_tier.problems({**CATCHES, "m2": ["tests/unit/no_such_file.py::t"]}, doc, DURATIONS, MUTANTS)[0] == (
+        "catches.json names tests/unit/no_such_file.py::t, whose file is not in the repository: record its mutants "
+        "again")
 
 
 def test_a_selection_over_its_budget_is_one_line():
-    slow = {**{name: 31.0 for name in DURATIONS}, "z.py::costly": 100.0}
+    slow = {**{name: 31.0 for name in DURATIONS}, Z: 100.0}
     lines = quick_tier.problems(CATCHES, committed(durations=slow), slow, MUTANTS)
     assert lines == ["the quick tier's tests add up to 93.0 s recorded, over its 90 s budget: give the costly "
                      "mutants a cheaper catching test"]
