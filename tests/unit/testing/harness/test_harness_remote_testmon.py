@@ -225,7 +225,7 @@ def test_the_import_map_follows_lazy_imports_conftests_helpers_and_the_package(t
         "pyproject.toml": "",
         "pkg/__init__.py": "",
         "pkg/a.py": "from . import b\n",  # package importing package, relative
-        "pkg/b.py": "import os\n",
+        "pkg/b.py": "import os\nfrom pkg import NAME\n",  # a name, not a module: pkg/__init__.py only
         "pkg/c.py": "from pkg.sub import deep\n",
         "pkg/sub/__init__.py": "",
         "pkg/sub/deep.py": "from ..leaf import x\n",  # two levels up: pkg/leaf.py
@@ -239,9 +239,11 @@ def test_the_import_map_follows_lazy_imports_conftests_helpers_and_the_package(t
         "tests/harness/backends.py": "from pkg import a\n",  # on the ini pythonpath (tests)
         "tests/unit/sub/refit_helpers.py": "import json\nimport neighbor\n",  # next to the test (its import root)
         "tests/unit/sub/neighbor.py": "",  # a helper's bare import from the test's import root (on sys.path)
-        "tests/unit/sub/test_x.py": (
+        "tests/unit/sub/test_x.py": (  # its own fixtures' bodies count whoever requests them
             "import pytest\n\n"
-            "def test_x():\n    from harness.backends import make\n    from refit_helpers import r\n"),
+            "def test_x():\n    from harness.backends import make\n    from refit_helpers import r\n\n"
+            "@pytest.fixture\ndef own():\n    import pkg.own\n"),
+        "pkg/own.py": "",
         "tests/other/conftest.py": "import pkg.unused\n",  # another directory's: does not apply
     }
     for name, text in files.items():
@@ -249,7 +251,7 @@ def test_the_import_map_follows_lazy_imports_conftests_helpers_and_the_package(t
         (tmp_path / name).write_text(text)
     builder = ImportMap(tmp_path, ["pkg"], [tmp_path / "tests"])
     test_x = tmp_path / "tests/unit/sub/test_x.py"
-    expected = ["pkg/__init__.py", "pkg/a.py", "pkg/b.py", "pkg/c.py", "pkg/leaf.py", "pkg/sub/__init__.py",
+    expected = ["pkg/__init__.py", "pkg/a.py", "pkg/b.py", "pkg/c.py", "pkg/leaf.py", "pkg/own.py", "pkg/sub/__init__.py",
                 "pkg/sub/deep.py", "tests/conftest.py", "tests/harness/backends.py", "tests/unit/sub/neighbor.py",
                 "tests/unit/sub/refit_helpers.py"]
     assert builder.entry(test_x, fixtures=["used"]) == expected
@@ -337,12 +339,12 @@ def test_help_names_the_ini_option_and_the_flag(pytester):
 
 def test_the_state_files_round_trip_and_a_missing_or_unreadable_one_is_empty(tmp_path):
     assert RemoteState.load(tmp_path) == RemoteState()
-    state = RemoteState({"t.py": ["b.py", "a.py"]}, {"a.py": "1"}, {"a.py": ["t.py"]})
+    state = RemoteState({"t.py": ["b.py", "a.py"], "s.py": []}, {"a.py": "1"}, {"a.py": ["t.py"]})
     state.save(tmp_path)
     assert RemoteState.load(tmp_path) == state
     assert (tmp_path / STATE_FILE).read_text() == (
         '{\n "hashes": {\n  "a.py": "1"\n },\n "pending": {\n  "a.py": [\n   "t.py"\n  ]\n }\n}\n')
-    assert (tmp_path / MAP_FILE).read_text() == '{\n "t.py": [\n  "b.py",\n  "a.py"\n ]\n}\n'
+    assert (tmp_path / MAP_FILE).read_text() == '{\n "s.py": [],\n "t.py": [\n  "b.py",\n  "a.py"\n ]\n}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([MAP_FILE, STATE_FILE])  # no .tmp left
     (tmp_path / MAP_FILE).write_text("{not json")
     (tmp_path / STATE_FILE).write_text("[1, 2]")  # JSON, not an object
@@ -427,9 +429,32 @@ def test_a_test_a_run_left_out_keeps_the_change_by_its_node_id(tree):
     tree.run("-k", "plain or double")  # -k: testmon runs every match; test_work is not one
     assert state(tree)["pending"] == {"test_worker.py::test_work": ["mypkg/worker.py"]}
     assert state(tree)["hashes"]["mypkg/worker.py"] == file_hash(tree.path / "mypkg/worker.py")
+    tree.run("-k", "plain")  # still not run: still pending, though the file's hash is recorded
+    assert state(tree)["pending"] == {"test_worker.py::test_work": ["mypkg/worker.py"]}
     tree.run()
     assert tree.ran() == WORKER_TESTS
     assert state(tree)["pending"] == {}
+
+
+def test_a_pending_test_that_is_gone_is_dropped(tree):
+    tree.seed()
+    tree.edit("mypkg/worker.py", "x + 1", "1 + x")
+    tree.run("-k", "plain or double")
+    tree.edit("test_worker.py", "def test_work", "def test_work_renamed")
+    tree.run()
+    assert tree.ran() == ["test_worker.py::test_work_renamed"]
+    assert state(tree)["pending"] == {}
+
+
+def test_a_module_that_stopped_importing_a_changed_file_keeps_it_among_its_reasons(tree):
+    tree.seed()
+    tree.edit("mypkg/__init__.py", "", "# edited\n")
+    tree.edit("test_worker.py", "assert run_remote(2) == 3", "assert True")
+    tree.edit("test_worker.py", "from mypkg.remote import run_remote  # imported lazily, as posttrain's tests do", "")
+    tree.run("-k", "plain")
+    assert state(tree)["pending"] == {
+        "test_driver.py::test_double": ["mypkg/__init__.py"], "test_driver.py::test_double_zero": ["mypkg/__init__.py"],
+        "test_worker.py::test_work": ["mypkg/__init__.py", "test_worker.py"]}
 
 
 def test_a_run_of_node_ids_keeps_the_change_for_the_whole_module(tree):
@@ -465,6 +490,37 @@ def test_a_node_id_given_from_a_subdirectory_names_its_module_from_there(tree, m
     assert tree.ran() == ["sub/test_s.py::test_s1", "sub/test_s.py::test_s2", *WORKER_TESTS]
 
 
+def test_a_conftest_fixtures_imports_map_to_the_modules_whose_tests_request_it(tree):
+    (tree.path / "conftest.py").write_text(
+        "import pytest\n\n@pytest.fixture\ndef remote():\n    from mypkg.remote import run_remote\n"
+        "    return run_remote\n")
+    (tree.path / "test_fixture.py").write_text(
+        "def test_alone():\n    pass\n\ndef test_uses(remote):\n    assert remote(1) == 2\n")
+    remote_files = ["conftest.py", "mypkg/__init__.py", "mypkg/remote.py", "mypkg/worker.py"]
+    tree.run("test_fixture.py::test_alone")  # its module's other tests, not collected, may request any fixture
+    assert json.loads((tree.path / MAP_FILE).read_text())["test_fixture.py"] == remote_files
+    tree.run()
+    mapping = json.loads((tree.path / MAP_FILE).read_text())
+    assert mapping["test_fixture.py"] == remote_files
+    assert mapping["test_plain.py"] == ["conftest.py"]
+    tree.edit("mypkg/worker.py", "x + 1", "1 + x")
+    tree.run()
+    assert tree.ran() == ["test_fixture.py::test_alone", "test_fixture.py::test_uses", *WORKER_TESTS]
+
+
+def test_a_plugins_item_without_fixtures_from_a_test_module_is_recorded_with_it(tree):
+    # as pytest-mypy's items: collected from a .py file, not a test function, no fixturenames
+    (tree.path / "conftest.py").write_text(
+        "import pytest\n\n"
+        "class Lint(pytest.Item):\n    def runtest(self):\n        pass\n\n"
+        "class LintFile(pytest.File):\n    def collect(self):\n        yield Lint.from_parent(self, name='lint')\n\n"
+        "def pytest_collect_file(file_path, parent):\n"
+        "    if file_path.name == 'test_plain.py':\n        return LintFile.from_parent(parent, path=file_path)\n")
+    tree.run()
+    assert "test_plain.py::lint" in tree.ran()
+    assert json.loads((tree.path / MAP_FILE).read_text())["test_plain.py"] == ["conftest.py"]
+
+
 def test_a_node_id_run_of_a_new_module_leaves_it_seeding(tree):
     tree.run("test_worker.py::test_work")
     # new to the state: every file of its map is a change too
@@ -478,12 +534,16 @@ def test_a_node_id_run_of_a_new_module_leaves_it_seeding(tree):
 
 def test_a_deleted_test_module_is_forgotten(tree):
     tree.seed()
+    tree.edit("test_plain.py", "assert True", "assert 1")
+    tree.run("-k", "double or work")
+    assert state(tree)["pending"] == {"test_plain.py::test_plain": ["test_plain.py"]}
     (tree.path / "test_plain.py").unlink()
     tree.edit("mypkg/worker.py", "x + 1", "1 + x")
     tree.run()
     assert tree.ran() == WORKER_TESTS
     assert sorted(json.loads((tree.path / MAP_FILE).read_text())) == ["test_driver.py", "test_worker.py"]
     assert "test_plain.py" not in state(tree)["hashes"]
+    assert state(tree)["pending"] == {}
 
 
 def test_a_deleted_package_module_is_a_change(tree):
