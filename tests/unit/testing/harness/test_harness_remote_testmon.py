@@ -251,9 +251,9 @@ def test_the_import_map_follows_lazy_imports_conftests_helpers_and_the_package(t
         (tmp_path / name).write_text(text)
     builder = ImportMap(tmp_path, ["pkg"], [tmp_path / "tests"])
     test_x = tmp_path / "tests/unit/sub/test_x.py"
-    expected = ["pkg/__init__.py", "pkg/a.py", "pkg/b.py", "pkg/c.py", "pkg/leaf.py", "pkg/own.py", "pkg/sub/__init__.py",
-                "pkg/sub/deep.py", "tests/conftest.py", "tests/harness/backends.py", "tests/unit/sub/neighbor.py",
-                "tests/unit/sub/refit_helpers.py"]
+    expected = ["pkg/__init__.py", "pkg/a.py", "pkg/b.py", "pkg/c.py", "pkg/leaf.py", "pkg/own.py",
+                "pkg/sub/__init__.py", "pkg/sub/deep.py", "tests/conftest.py", "tests/harness/backends.py",
+                "tests/unit/sub/neighbor.py", "tests/unit/sub/refit_helpers.py"]
     assert builder.entry(test_x, fixtures=["used"]) == expected
     assert builder.entry(test_x, fixtures=["used", "renamed"]) == sorted([*expected, "pkg/unused.py"])
     assert builder.entry(test_x) == sorted([*expected, "pkg/unused.py"])  # fixtures unknown: every body counts
