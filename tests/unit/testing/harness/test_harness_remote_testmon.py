@@ -329,6 +329,10 @@ def test_the_watched_packages_are_posttrain_by_default_and_one_per_line_in_the_i
 def test_help_names_the_ini_option_and_the_flag(pytester):
     result = pytester.runpytest_inprocess("-o", "posttrain_harness=true", "--help")
     text = " ".join(result.stdout.str().split())  # the terminal's width wraps the lines
+    # the flag is listed in the harness's group: the last group heading above it is "posttrain harness:"
+    lines = result.stdout.lines
+    above = lines[:next(i for i, line in enumerate(lines) if line.lstrip().startswith("--no-remote-map"))]
+    assert [line for line in above if line.endswith(":") and not line.startswith(" ")][-1] == "posttrain harness:"
     assert ("--no-remote-map with --testmon: testmon's own selection only (no import map, .remote_*.json "
             "neither read nor written)") in text
     assert ("posttrain_remote_packages (linelist): packages whose modules the --testmon import map follows "
@@ -431,8 +435,9 @@ def test_a_test_a_run_left_out_keeps_the_change_by_its_node_id(tree):
     assert state(tree)["hashes"]["mypkg/worker.py"] == file_hash(tree.path / "mypkg/worker.py")
     tree.run("-k", "plain")  # still not run: still pending, though the file's hash is recorded
     assert state(tree)["pending"] == {"test_worker.py::test_work": ["mypkg/worker.py"]}
-    tree.run()
+    result = tree.run()
     assert tree.ran() == WORKER_TESTS
+    result.stdout.fnmatch_lines(["remote-aware testmon: +1 tests re-selected for changed files: mypkg/worker.py"])
     assert state(tree)["pending"] == {}
 
 
@@ -488,6 +493,19 @@ def test_a_node_id_given_from_a_subdirectory_names_its_module_from_there(tree, m
     monkeypatch.chdir(tree.path)
     tree.run()
     assert tree.ran() == ["sub/test_s.py::test_s1", "sub/test_s.py::test_s2", *WORKER_TESTS]
+
+
+def test_with_testmon_neither_selecting_nor_collecting_every_match_runs(tree):
+    # -k switches testmon's selection off and --testmon-nocollect its collection: it has no data at all
+    tree.seed()
+    tree.run("--testmon-nocollect", "-k", "plain")
+    assert tree.ran() == ["test_plain.py::test_plain"]
+
+
+def test_without_testmon_loaded_the_harness_runs_every_test(tree):
+    result = tree.pytester.runpytest_inprocess("-p", "no:pytest-testmon", "-o", "posttrain_harness=true")
+    assert result.ret == 0, result.stdout.str()
+    assert tree.ran() == ALL
 
 
 def test_a_conftest_fixtures_imports_map_to_the_modules_whose_tests_request_it(tree):
@@ -566,11 +584,15 @@ def test_the_summary_names_eight_changed_files_and_counts_the_rest(tree):
     (tree.path / "test_many.py").write_text("import mypkg." + ", mypkg.".join(names) + "\n\n"
                                             "def test_many():\n    pass\n")
     tree.run()
-    for name in names:
+    shown = ", ".join(f"mypkg/m{i}.py" for i in range(8))
+    for name in names[:8]:
         tree.edit(f"mypkg/{name}.py", "return 0", "return 1")
     result = tree.run()
     assert tree.ran() == ["test_many.py::test_many"]
-    shown = ", ".join(f"mypkg/m{i}.py" for i in range(8))
+    result.stdout.fnmatch_lines([f"remote-aware testmon: +1 tests re-selected for changed files: {shown}"])
+    for name in names:
+        tree.edit(f"mypkg/{name}.py", "return ", "return 1 + ")
+    result = tree.run()
     result.stdout.fnmatch_lines([f"remote-aware testmon: +1 tests re-selected for changed files: {shown} and 2 more"])
 
 
