@@ -206,7 +206,7 @@ class ImportMap:
                 break
         return files
 
-    def _resolve(self, importer: Path, level: int, name: str, extra_root: Path | None) -> list[Path]:
+    def _resolve(self, importer: Path, level: int, name: str, extra_roots: Sequence[Path]) -> list[Path]:
         parts = [p for p in name.split(".") if p]
         if level:
             base = importer.parent
@@ -218,7 +218,7 @@ class ImportMap:
         if parts[0] in self.packages:
             root = self.packages[parts[0]]
             return self._walk(root, parts) if root is not None else []
-        for root in ([extra_root] if extra_root else []) + self.roots:
+        for root in [*extra_roots, *self.roots]:
             files = self._walk(root, parts)
             if files:
                 return [f for f in files if f.is_relative_to(self.rootdir)]
@@ -237,9 +237,10 @@ class ImportMap:
     def closure(self, test_module: Path, fixtures: Iterable[str] | None = None) -> set[Path]:
         """Every local file the test module imports transitively (itself and its conftests included).
 
-        Test modules and conftests resolve bare names against their import root too (``refit_helpers``
-        next to the test); helper and package modules only against the global roots. ``fixtures``: the
-        fixtures the module's tests request (``item.fixturenames``), None when unknown (all count).
+        Every file resolves bare names against the import roots of the test module and its conftests too
+        (``refit_helpers`` next to the test, and what that helper imports by bare name from there): pytest
+        puts them on ``sys.path`` for the session. ``fixtures``: the fixtures the module's tests request
+        (``item.fixturenames``), None when unknown (all count).
         """
         test_module = test_module.resolve()
         conftests = self.conftests(test_module)
@@ -247,11 +248,11 @@ class ImportMap:
         starts = [test_module, *conftests]
         seen: set[Path] = set(starts)
         todo = list(starts)
+        extra_roots = list(dict.fromkeys(import_root(start) for start in starts))
         while todo:
             current = todo.pop()
-            extra = import_root(current) if current in starts else None
             for level, name in self.imports(current, requested if current in conftests else None):
-                for dep in self._resolve(current, level, name, extra):
+                for dep in self._resolve(current, level, name, extra_roots):
                     dep = dep.resolve()
                     if dep not in seen:
                         seen.add(dep)
