@@ -33,15 +33,14 @@ os.environ.setdefault("FUNCTIONAL_HISTORY", "0")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # gpu(n) and slow(reason) are the harness's markers, registered by its plugin when the harness is
-    # on. Switched off (mutmut's runs, tests/mutation/run_auto.sh: -o posttrain_harness=false), a module
-    # that marks one of its tests with them must still collect under --strict-markers: mutmut selects them.
+    # gpu(n) is the harness's marker, registered by its plugin when the harness is on (slow(reason) is
+    # declared in pyproject.toml). Switched off (mutmut's runs, tests/mutation/run_auto.sh:
+    # -o posttrain_harness=false), a module that marks one of its tests gpu(n) must still collect under
+    # --strict-markers: mutmut selects them.
     if not config.getini("posttrain_harness"):
-        from posttrain.testing.harness.budget import SLOW_MARKER_HELP
         from posttrain.testing.harness.plugin import GPU_MARKER
 
         config.addinivalue_line("markers", GPU_MARKER)
-        config.addinivalue_line("markers", SLOW_MARKER_HELP)
 
 
 @pytest.fixture(scope="session")
