@@ -182,7 +182,7 @@ def k1_in_process(tiny_model_path, tmp_path_factory):
                                {("generation", "generate"): sampling, ("policy", "train"): hold_first()})
 
 
-@pytest.mark.slow(reason="an async and a synchronous GRPO run in process, compared (8.8 s when it is the first of its module to run)")
+@pytest.mark.slow(reason="an async and a synchronous GRPO run in process, compared (8.8 s run first)")
 def test_the_async_loop_runs_in_process_and_at_k_0_trains_as_the_synchronous_loop(in_process, k1_in_process,
                                                                                    tiny_model_path, tmp_path,
                                                                                    monkeypatch) -> None:

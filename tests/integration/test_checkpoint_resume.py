@@ -151,7 +151,7 @@ def test_resuming_with_another_lora_setting_is_one_line(in_process, tiny_model_p
         run(in_process, grpo, GRPO_YAML, GRPO_BASE, 4, tmp_path / "log", tmp_path / "ckpt", tiny_model_path, *resumed)
 
 
-@pytest.mark.slow(reason="GRPO runs stopped and resumed from a checkpoint (7.1 s when it is the first of its module to run)")
+@pytest.mark.slow(reason="GRPO runs stopped and resumed from a checkpoint (7.1 s run first)")
 def test_steps_logged_after_the_checkpoint_by_the_interrupted_run_are_dropped(in_process, tiny_model_path,
                                                                                tmp_path) -> None:
     """The interrupted run got to step 5 but its newest complete checkpoint is step 2: the
