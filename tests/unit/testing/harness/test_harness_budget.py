@@ -127,10 +127,8 @@ def test_marked_fast():
 
 
 @pytest.fixture
-def inner(pytester, monkeypatch):
-    monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
-    monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "0")
-    monkeypatch.delenv("CI", raising=False)
+def inner(harness_pytester):
+    pytester = harness_pytester
     pytester.makepyfile(test_inner=INNER)
     pytester.makeini("[pytest]\nposttrain_harness = true\nposttrain_time_budget_s = 0.1\naddopts = --strict-markers\n")
     return pytester

@@ -36,11 +36,9 @@ def test_skips():
 
 
 @pytest.fixture
-def inner(pytester, monkeypatch):
+def inner(harness_pytester, monkeypatch):
     """A tree of three tests (one sleeps 50 ms, one tracks a metric, one skips), harness on."""
-    monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
-    monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "0")
-    monkeypatch.delenv("CI", raising=False)
+    pytester = harness_pytester
     monkeypatch.setenv("COLUMNS", "300")  # --help: one line an option
     pytester.makepyfile(test_inner=INNER)
     pytester.makeini("[pytest]\nposttrain_harness = true\n")

@@ -317,10 +317,8 @@ when = { gpus_below = "{n}" }
 
 
 @pytest.fixture
-def inner(pytester, monkeypatch):
-    monkeypatch.setenv("POSTTRAIN_UNIT_RESULTS_DIR", str(pytester.path / "results"))
-    monkeypatch.setenv("POSTTRAIN_NUM_GPUS", "0")
-    monkeypatch.delenv("CI", raising=False)
+def inner(harness_pytester):
+    pytester = harness_pytester
     pytester.makepyfile(test_inner=INNER)
     pytester.makepyfile(test_module_skip="import pytest\npytest.importorskip('no_such_module_here')\n\n"
                                          "def test_never():\n    pass\n")
