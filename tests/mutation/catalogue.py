@@ -1371,13 +1371,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("lost_node_not_named", "a worker that died with its node is reported without the node: the user "
            "cannot tell a lost machine from a crashed process", "posttrain/distributed/worker_group.py",
            (("where = self._where(ranks[0]) if ranks and self._nodes is not None else \"\"", "where = \"\""),),
-           (f"{MULTINODE}::test_a_lost_worker_node_ends_the_run_in_one_line_naming_it_and_the_run_resumes_exactly",),
+           ("tests/unit/distributed/test_worker_group.py::"
+            "test_once_the_nodes_are_known_a_worker_that_dies_is_named_with_its_node",
+            f"{MULTINODE}::test_a_lost_worker_node_ends_the_run_in_one_line_naming_it_and_the_run_resumes_exactly"),
            klass="placement"),
     Mutant("dead_worker_not_named", "a worker that died is reported as 'a worker': the user cannot tell the engine "
            "from the policy, nor which rank was lost", "posttrain/distributed/worker_group.py",
            (('raise WorkerDiedError(f"{who} died during {method}{where}: {reason}")',
              'raise WorkerDiedError(f"a worker died during {method}{where}: {reason}")'),),
-           (f"{MULTINODE}::test_a_killed_engine_actor_ends_the_run_in_one_line_naming_it_and_the_run_resumes_exactly",),
+           ("tests/unit/distributed/test_worker_group.py::test_a_worker_that_dies_mid_call_is_one_line_naming_it",
+            f"{MULTINODE}::test_a_killed_engine_actor_ends_the_run_in_one_line_naming_it_and_the_run_resumes_exactly"),
            klass="placement"),
     Mutant("train_step_recomputes_forwards", "each micro-batch's forward runs three more times without gradients "
            "(a recompute, as a logging change might add): the train step takes 2x as long and learns the same",

@@ -119,6 +119,27 @@ def test_a_worker_that_dies_mid_call_is_one_line_naming_it(ray_cluster):
         cluster.shutdown()
 
 
+def test_once_the_nodes_are_known_a_worker_that_dies_is_named_with_its_node(ray_cluster, monkeypatch):
+    """The node of a lost worker is what tells a lost machine from a crashed process (the node that
+    leaves the cluster: tests/integration/test_multinode.py); here the node lives on."""
+    from posttrain.distributed import worker_group
+    from posttrain.errors import WorkerDiedError
+
+    monkeypatch.setattr(worker_group, "NODE_DEATH_WAIT_S", 0.0)  # the node is alive: no wait for the GCS's verdict
+    cluster = RayVirtualCluster(2, num_cpus=0.5)
+    group = RayWorkerGroup(cluster, Echo, "t")
+    try:
+        group.wait_ready("echo worker")
+        node = group.node_ids()[1]
+        address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}[node]
+        with pytest.raises(WorkerDiedError) as err:
+            group.run_all("die_if", 1)
+        assert str(err.value).startswith(f"Echo worker 1 died during die_if on node {node[:8]} ({address}): ")
+    finally:
+        group.shutdown()
+        cluster.shutdown()
+
+
 @ray.remote
 class Peer:
     """One side of a collective: fails as a socket whose peer vanished, dies, or answers."""
