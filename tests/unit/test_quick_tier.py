@@ -94,6 +94,11 @@ def test_the_committed_quick_tier_is_current_and_catches_every_default_tier_muta
     assert quick_tier.staleness(catches, selection, durations) == []
 
 
+# The quick tier, AMD EPYC, 2 idle cores, Nov 28 (its 90 s is the target it was asked for, not a spread):
+# | selection                                         | tests | recorded (s) | pytest (s) |
+# |---------------------------------------------------|-------|--------------|------------|
+# | first record                                      | 172   | 252          | 281.8      |
+# | the death messages caught in process (not multinode)| 172 | 164          | 220.2      |
 @pytest.mark.xfail(strict=True, reason="the quick tier's record adds up to 164 s (3:40 of pytest on 2 idle cores): "
                                        "the data-parallel, async, interrupt and cross-node mutants are caught only "
                                        "by tests of 8-19 s each; cheaper catching tests are still to be written")

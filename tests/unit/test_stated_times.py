@@ -18,10 +18,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # The README's sentence after `uv run --group test bash tests/run_unit.sh`
 STATED = re.compile(r"About (\d+(?:\.\d+)?) minutes on 2 idle CPU cores")
-TOLERANCE = 1.5  # stated / recorded within [1/1.5, 1.5]
-# Outside the tests' own time: starting Python, importing torch and the plugins, collecting ~3,000 tests
-# (measured 20-30 s on the 2-core machines; a tenth of the tier, well inside the tolerance)
-SESSION_OVERHEAD_S = 25.0
+TOLERANCE = 1.5  # stated / recorded within [1/1.5, 1.5]: the issue's bound, not a spread
+# Outside the tests' own time: uv and Python starting, torch and the plugins imported, ~3,400 tests
+# collected. Measured (AMD EPYC, 2 idle cores, Nov 28): 11:37 of wall time for `uv run ... run_unit.sh`,
+# 687.6 s of pytest session, 681 s of the tests' totals (durations.json): 6.6 s in the session + ~10 s
+# of uv and start-up. The GPU host's CPUs pinned to 2 threads are not measured.
+SESSION_OVERHEAD_S = 17.0
+#
+# | README says | durations.json (+ 17 s)      | ratio | verdict                                   |
+# |-------------|------------------------------|-------|-------------------------------------------|
+# | 11 minutes  | 681 s + 17 s = 11.6 min      | 0.95  | pass (today)                              |
+# | 7 minutes   | 681 s + 17 s = 11.6 min      | 0.60  | FAIL (the README before this record: seen) |
+# | 7 minutes   | 502 s + 17 s (Nov 26 record) | 0.81  | pass (when the README was written)         |
 
 
 def stated_minutes(readme: str) -> float:
@@ -54,11 +62,11 @@ def test_the_readmes_time_for_the_test_command_is_within_1_5x_of_the_recorded_ru
 
 
 def test_a_stated_time_far_from_the_record_is_one_line_naming_both():
-    record = {f"t.py::t{i}": 1.0 for i in range(395)}  # 395 s + 25 s of start-up: 7 minutes
+    record = {f"t.py::t{i}": 1.0 for i in range(403)}  # 403 s + 17 s of start-up: 7 minutes
     assert disagreement(7, record) is None
     assert disagreement(10.4, record) is None and disagreement(4.7, record) is None
     assert disagreement(11, record) == ("README.md says about 11 minutes for the test command, tests/durations.json "
-                                        "records 7.0 min (395 tests): 1.57x, more than 1.5x apart: measure the tier "
+                                        "records 7.0 min (403 tests): 1.57x, more than 1.5x apart: measure the tier "
                                         "again and state what you measured")
     assert disagreement(4.6, record) is not None
     with pytest.raises(ValueError, match="found 0$"):

@@ -17,6 +17,20 @@ from posttrain.testing.harness.budget import (
     violations,
 )
 
+# The project's budget (pyproject.toml: posttrain_time_budget_s = 5; tests marked slow from 2.5 s),
+# measured on the README tier, AMD EPYC, 2 cores, Nov 28 (one machine type: the GPU host's CPUs pinned
+# to 2 threads are not measured yet):
+#
+# | load on the 2 cores                  | tier time | calls > 2.5 s | slowest unmarked call | verdict (CI=true) |
+# |--------------------------------------|-----------|---------------|-----------------------|-------------------|
+# | idle                                 | 11:27     | 77 (marked)   | 2.18 s (2.3x margin)  | pass              |
+# | two helpers' jobs beside (~1.7x)     | 18:58     | 69            | (the marking run)     | -                 |
+# | four jobs on two cores (~2.1x)       | 23:53     | -             | 7.2 s and 5.3 s       | FAIL: both marked |
+#
+# A broken run for the check: the last row (two tests near the line crossed it), and the inner runs
+# below (tests that sleep 0.15 s past a budget of 0.1 s). The inner budget is 0.1 s, not less: a
+# test that only passes must stay under it on a loaded machine (a 0.05 s budget saw 0.2 s sleeps).
+
 # ---------------------------------------------------------------- the decisions (pure)
 
 TIMINGS = [Timing("t.py::fast", 0.5, None), Timing("t.py::unmarked", 7.25, None),
