@@ -8,10 +8,10 @@ file leave them valid.
 
 ``first`` lists the tests expected to catch the mutant; the runner runs them first and falls
 back to the mutant's whole tier, so a stale hint costs time, never a wrong verdict. ``tier``
-is where it must be caught: ``default`` (the README's test command, without ``slow``),
-``vllm`` (``--vllm-only``, on the real engine) or ``mcore`` (``--mcore-only``: megatron-core on
-2 GPUs). ``klass`` is its silent-failure class (the
-table in docs/testing.md). Add a mutant whenever a new silent-failure mode is found, and a
+is where it must be caught: ``default`` (the README's test command and its slow tests,
+``--slow-only``, both run by .ci/run), ``vllm`` (``--vllm-only``, on the real engine) or
+``mcore`` (``--mcore-only``: megatron-core on 2 GPUs). ``klass`` is its silent-failure class
+(the table in docs/testing.md). Add a mutant whenever a new silent-failure mode is found, and a
 test that catches it. ``tests/unit/test_mutation_catalogue.py`` checks every anchor still
 matches the sources.
 """

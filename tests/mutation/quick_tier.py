@@ -6,7 +6,8 @@
 ``run_unit.sh --quick`` runs the tests of ``quick_tier.json``. They are chosen from three inputs:
 the catalogue's default-tier mutants (``catalogue.py``), the record of every test that catches each
 of them (``catches.json``, written by ``run_mutants.py --record``), and each test's recorded seconds
-(``tests/durations.json``; a test without a record weighs the median). The choice is the greedy
+(``tests/durations.json`` and, for the tests marked slow, ``tests/durations_slow.json``; a test
+without a record weighs the median). The choice is the greedy
 weighted set cover (Chvatal, "A greedy heuristic for the set-covering problem", 1979): take the test
 that catches the most mutants not yet caught per second, ties by node id, until every recorded
 mutant is caught; then drop, costliest first, each test whose mutants the others catch. It is a pure
@@ -35,7 +36,8 @@ from catalogue import MUTANTS, Mutant  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 RECORD = REPO / "tests" / "mutation" / "catches.json"
 SELECTION = REPO / "tests" / "mutation" / "quick_tier.json"
-DURATIONS = REPO / "tests" / "durations.json"
+# each test's recorded seconds: the README tier's, and its slow tests' (run_unit.sh --slow-only)
+DURATIONS = (REPO / "tests" / "durations.json", REPO / "tests" / "durations_slow.json")
 TIER = "default"  # the catalogue tier whose catches the quick tier keeps
 BUDGET_S = 90.0  # of recorded seconds on 2 idle cores (the tier's target, measured in the note)
 SELECT_CMD = "uv run --group test python tests/mutation/quick_tier.py select"
@@ -134,7 +136,7 @@ def staleness(catches: Mapping[str, Sequence[str]], selection: Mapping[str, obje
         return [*lines, f"catches.json: {e}"]
     if dict(selection) != expected:
         lines.append("tests/mutation/quick_tier.json is not the selection its inputs give (the catalogue, "
-                     f"catches.json, tests/durations.json): run `{SELECT_CMD}`")
+                     f"catches.json, the durations): run `{SELECT_CMD}`")
     tests = set(selection.get("tests", ()))  # type: ignore[arg-type]
     for name, catchers in sorted((fresh or {}).items()):
         if name in placed and not tests & set(catchers):
@@ -147,6 +149,11 @@ def _read(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def read_durations() -> dict[str, float]:
+    """Every recorded test's seconds: the README tier's and the slow tests' (``DURATIONS``)."""
+    return {nodeid: seconds for path in DURATIONS for nodeid, seconds in _read(path).items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="choose or check the quick tier (run_unit.sh --quick)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -155,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check", help="exit 1 on a stale or insufficient quick tier (one line per problem)")
     check.add_argument("--record", type=Path, metavar="PATH", help="a fresh run_mutants.py --record to check against")
     args = parser.parse_args(argv)
-    catches, durations = _read(RECORD), _read(DURATIONS)
+    catches, durations = _read(RECORD), read_durations()
     placed = {name: catches[name] for name in default_tier() if name in catches}
     if args.command == "select":
         doc = selection_document(choose(placed, durations), placed, durations)

@@ -46,11 +46,13 @@ REPO = Path(__file__).resolve().parents[2]
 def _not_copied(name: str) -> bool:
     """Files not worth copying even when git lists them (recorded test results)."""
     return fnmatch.fnmatch(Path(name).name, "unit_results*.json")
-# tier -> (where its tests are, pytest marker expression); the default tier is the README's, as the
-# configuration table defines it (a test marked slow for its time budget is still in it)
-README_TIER = load_table(REPO / "tests" / "configurations.toml").default.select
+# tier -> (where its tests are, pytest marker expression); the default tier is what .ci/run's unit tiers
+# run on a CPU machine without extras, as the configuration table defines them: the README's test
+# command and its slow tests (run_unit.sh --slow-only)
+_TABLE = load_table(REPO / "tests" / "configurations.toml")
+DEFAULT_TIER = " or ".join(f"({c.select})" for c in _TABLE.configurations if c.flag in ("", "--slow-only"))
 TIERS: dict[str, tuple[tuple[str, ...], str]] = {
-    "default": (("tests/unit", "tests/integration"), f"({README_TIER}) and not hf_gated"),
+    "default": (("tests/unit", "tests/integration"), f"({DEFAULT_TIER}) and not hf_gated"),
     "vllm": (("tests/unit",), "vllm"),
     # the GPU tier: megatron-core's tests and the HF backend's GPU tests (a CPU machine skips those)
     "mcore": (("tests/unit", "tests/integration"), "mcore or (gpu and not vllm and not hf_gated)"),

@@ -67,7 +67,7 @@ def test_a_new_mutant_a_gone_one_a_stale_selection_and_a_lost_catch_are_each_one
     moved = {**DURATIONS, C: 40.0}  # now Z is the cheaper way to catch m3
     assert quick_tier.problems(CATCHES, doc, moved, MUTANTS) == [
         "tests/mutation/quick_tier.json is not the selection its inputs give (the catalogue, catches.json, "
-        "tests/durations.json): run `uv run --group test python tests/mutation/quick_tier.py select`"]
+        "the durations): run `uv run --group test python tests/mutation/quick_tier.py select`"]
     fresh = {"m3": [Z], "m1": [A]}  # C no longer catches m3
     assert quick_tier.problems(CATCHES, doc, DURATIONS, MUTANTS, fresh=fresh) == [
         f"mutant m3: no test of the quick tier caught it in the fresh run (caught by ['{Z}']): update "
@@ -85,8 +85,8 @@ def test_a_selection_over_its_budget_is_one_line():
 
 
 def committed_files() -> tuple[dict, dict, dict]:
-    return tuple(json.loads(path.read_text()) for path in (quick_tier.RECORD, quick_tier.SELECTION,
-                                                           quick_tier.DURATIONS))  # type: ignore[return-value]
+    return (json.loads(quick_tier.RECORD.read_text()), json.loads(quick_tier.SELECTION.read_text()),
+            quick_tier.read_durations())
 
 
 def test_the_committed_quick_tier_is_current_and_catches_every_default_tier_mutant():

@@ -60,6 +60,14 @@ class Configuration:
     # seconds one test's call may take in this row (the harness's posttrain_time_budget_s; 0: none);
     # None: the pytest ini's
     time_budget_s: float | None = None
+    # the marker of the tests this row runs and the default leaves out, where ``select`` is an expression
+    marker: str = ""
+
+    @property
+    def own_marker(self) -> str:
+        """The marker whose tests only this row runs: ``marker``, else ``select`` when it is one marker name
+        ("" for a row of no marker of its own, such as the default)."""
+        return self.marker or (self.select if self.select.isidentifier() else "")
 
     def extra_for(self, num_gpus: int) -> str:
         """The uv extra to install on a machine with ``num_gpus`` GPUs ("" = none)."""
@@ -92,7 +100,7 @@ class Table:
             if m.marker == marker:
                 return m.flag
         for c in self.configurations:
-            if c.flag and c.select == marker:
+            if c.flag and c.own_marker == marker:
                 return c.flag
         return None
 

@@ -35,10 +35,14 @@ def gpu_skip_reason(item: pytest.Item, num_gpus: int) -> str | None:
 
 def deselection_summary(items: Iterable[pytest.Item], table: Table) -> list[str]:
     """One line per reason: how many deselected tests carry each configuration marker, and the flag that runs them."""
-    markers = [m.marker for m in table.modifiers] + [c.select for c in table.configurations if c.flag]
+    modifiers = [m.marker for m in table.modifiers]
+    rows = [c.own_marker for c in table.configurations if c.flag and c.own_marker]
     counts: Counter[str] = Counter()
     for item in items:
-        own = [m for m in markers if item.get_closest_marker(m)]
+        # every modifier's marker (they combine), but one configuration's: the first in the table's
+        # order (a test marked learning and slow runs with --learning-only, which takes its slow tests)
+        row = next((m for m in rows if item.get_closest_marker(m)), None)
+        own = sorted([m for m in modifiers if item.get_closest_marker(m)] + ([row] if row else []))
         counts[", ".join(own) or "other (your -m / -k)"] += 1
     lines = []
     for reason, n in sorted(counts.items()):

@@ -32,7 +32,7 @@ def everything_importable(_package: str) -> bool:
 
 def test_default_leaves_out_every_marker_a_flag_adds():
     plan = make_plan(["-x", "tests/unit"], num_gpus=0, table=TABLE, importable=everything_importable)
-    assert plan.marker_expr == "(not mcore and not vllm and not nightly and not learning) and not hf_gated"
+    assert plan.marker_expr == "(not slow and not mcore and not vllm and not nightly and not learning) and not hf_gated"
     assert plan.pytest_args == ("-m", plan.marker_expr, *FIXED_PYTEST_ARGS, "-x", "tests/unit")
 
 

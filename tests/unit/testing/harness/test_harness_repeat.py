@@ -581,8 +581,8 @@ def test_run_unit_sh_repeats_with_a_configuration_k_and_a_path(tree):
     proc = run_unit(tree.path, "--hf-gated", "--repeat", "2", "-p", "no:cacheprovider", "-k", "odd",
                     str(tree.path / "test_flaky.py"))
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert ("run_unit.sh: configuration default +hf-gated, -m '(not mcore and not vllm and not nightly "
-            "and not learning)', 0 GPU(s), 2 runs (--repeat)") in proc.stderr
+    assert ("run_unit.sh: configuration default +hf-gated, -m '(not slow and not mcore and not vllm and not "
+            "nightly and not learning)', 0 GPU(s), 2 runs (--repeat)") in proc.stderr
     assert re.search(r"^test_flaky\.py::test_odd\s+2\s+1\s+1\s+0\s+0\s+50%$", proc.stdout, re.MULTILINE), proc.stdout
     assert "2 runs of 1 tests: 1 flaky (passed and failed)" in proc.stdout
 

@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[4]
 TREE = "tests/unit/testing/harness/fixture_tree/case_markers.py"
 # The default configuration on a 1-GPU machine (POSTTRAIN_NUM_GPUS=1).
-DEFAULT = {"test_plain": "PASSED", "test_slow": "PASSED", "test_gpu1": "PASSED", "test_gpu2": "SKIPPED",
+DEFAULT = {"test_plain": "PASSED", "test_gpu1": "PASSED", "test_gpu2": "SKIPPED",
            "test_param[1]": "PASSED", "test_param[2]": "PASSED"}
 
 
@@ -66,7 +66,8 @@ def test_default_configuration(default_run):
     (("--mcore-only", "--hf-gated"), ("megatron.core",), {"test_mcore": "PASSED", "test_mcore_hf_gated": "PASSED"}),
     (("--vllm-only",), ("vllm",), {"test_vllm": "PASSED"}),
     (("--nightly-only",), (), {"test_nightly": "PASSED"}),
-], ids=["hf-gated", "mcore-only", "mcore-only+hf-gated", "vllm-only", "nightly-only"])
+    (("--slow-only",), (), {"test_slow": "PASSED"}),
+], ids=["hf-gated", "mcore-only", "mcore-only+hf-gated", "vllm-only", "nightly-only", "slow-only"])
 def test_configuration_runs_exactly_its_tests(tmp_path, flags, fake, expected):
     proc = run_unit(tmp_path, *flags, fake=fake, gpus=2)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -78,7 +79,8 @@ def test_deselected_tests_are_reported_with_the_flag_that_runs_them(default_run)
     assert "1 deselected: marked mcore (run with --mcore-only)" in proc.stdout
     assert "1 deselected: marked hf_gated, mcore (run with --hf-gated --mcore-only)" in proc.stdout
     assert "1 deselected: marked nightly (run with --nightly-only)" in proc.stdout
-    assert "5 deselected" in proc.stdout  # pytest's own count in the last line
+    assert "1 deselected: marked slow (run with --slow-only)" in proc.stdout
+    assert "6 deselected" in proc.stdout  # pytest's own count in the last line
 
 
 def test_user_marker_replaces_the_configuration_filter(tmp_path):

@@ -40,6 +40,11 @@ def test_mcore_gated():
 @pytest.mark.slow
 def test_slow():
     pass
+
+@pytest.mark.learning
+@pytest.mark.slow
+def test_learning_slow():
+    pass
 """
 
 
@@ -87,8 +92,10 @@ def test_a_gpu_marker_without_one_positive_integer_is_a_usage_error_naming_the_t
 def test_the_deselection_report_counts_each_marker_set_and_names_the_flags_that_run_it(run):
     result = run(2, "-m", "not vllm and not mcore and not slow")
     result.stdout.fnmatch_lines(["*-- deselected by the configuration --*"])
+    # a test of two configurations' markers is named with the first row's flag, the one that runs it
     assert report(result) == ["1 deselected: marked hf_gated, mcore (run with --hf-gated --mcore-only)",
-                              "1 deselected: other (your -m / -k)",
+                              "1 deselected: marked learning (run with --learning-only)",
+                              "1 deselected: marked slow (run with --slow-only)",
                               "2 deselected: marked vllm (run with --vllm-only)"]
 
 
