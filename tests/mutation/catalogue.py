@@ -477,8 +477,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "script (or to uv run) kills the script and leaves the job training on, unstopped",
            "tests/functional/common.sh",
            (('  (trap - INT; exec python "$@") &\n  pid=$!\n', '  python "$@" & pid=$!; wait $pid\n'),),
-           ("tests/integration/test_interrupts.py::test_a_functional_scripts_job_under_uv_run_stops_cleanly_and_the_"
-            "script_exits_with_it",), klass="resume"),
+           ("tests/unit/scripts/test_run_job.py::test_a_signal_to_the_script_stops_its_job_and_the_script_exits_with_"
+            "the_jobs_status",
+            "tests/integration/test_interrupts.py::test_a_functional_scripts_job_under_uv_run_stops_cleanly_and_the_"
+            "script_exits_with_it"), klass="resume"),
     # --- issue 13: LoRA adapters that train, but not the model the engine or the user gets ------
     Mutant("lora_refit_without_adapters", "refit sends the base weights: the engine never serves what LoRA learned",
            LORA_LAYER, (("value = tensor + deltas[name] if name in deltas else tensor", "value = tensor"),),
