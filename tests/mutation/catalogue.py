@@ -1368,7 +1368,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/algorithms/runtime.py",
            (("engine_nodes = gen.node_ids() if gen is not None else []",
              "engine_nodes = policy_nodes[:1] * gen.num_engines if gen is not None else []"),),
-           (f"{MULTINODE}::test_grpo_with_the_engine_on_another_node_refits_across_nodes_exactly",),
+           ("tests/unit/algorithms/test_runtime.py::"
+            "test_the_runtime_line_and_placement_metrics_name_the_node_the_engine_reports",
+            f"{MULTINODE}::test_grpo_with_the_engine_on_another_node_refits_across_nodes_exactly"),
            klass="placement"),
     Mutant("lost_node_not_named", "a worker that died with its node is reported without the node: the user "
            "cannot tell a lost machine from a crashed process", "posttrain/distributed/worker_group.py",
