@@ -525,7 +525,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "engine) sees every GPU of the node and runs on GPU 0, not on the policy's GPU",
            "posttrain/distributed/worker_group.py",
            (("                **({} if reserve else _shared_bundle_env(cluster, i)),\n", ""),),
-           ("tests/unit/distributed/test_shared_bundle_devices.py",), klass="config"),
+           ("tests/unit/distributed/test_shared_bundle_devices.py::"
+            "test_a_worker_that_reserves_nothing_is_given_its_bundles_gpus",
+            "tests/unit/distributed/test_shared_bundle_devices.py"), klass="config"),
     Mutant("data_parallel_ranks_share_a_gpu", "policy.data_parallel_size=2 (or TP=2) on half a GPU each is accepted: "
            "Ray packs both ranks onto one device, where NCCL refuses the second",
            "posttrain/models/policy/lm_policy.py",
