@@ -902,8 +902,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "machine their clusters race on ~/.ray/auth_token and a worker that lost fails every later cluster start",
            "posttrain/testing/harness/plugin.py",
            (("        parallel.share_ray_auth_token()  # workers", "        None  # workers"),),
-           ("tests/unit/testing/harness/test_harness_parallel.py::"
-            "test_a_workers_cluster_starts_after_another_worker_rewrote_the_ray_token_file",), klass="harness"),
+           ("tests/unit/testing/harness/test_harness_parallel.py::test_every_worker_starts_with_the_controllers_ray_token",
+            "tests/unit/testing/harness/test_harness_parallel.py::"
+            "test_a_workers_cluster_starts_after_another_worker_rewrote_the_ray_token_file"), klass="harness"),
     Mutant("run_unit_keeps_dontwritebytecode", "run_unit.sh keeps a PYTHONDONTWRITEBYTECODE=1 of the machine: every "
            "xdist worker, Ray actor and pytester run compiles the same sources again (16 cores: 182 s, not 115 s)",
            "tests/run_unit.sh",
