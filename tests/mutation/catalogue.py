@@ -190,7 +190,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/algorithms/grpo.py",
            # a call to a no-op that returns no probe metrics: fits `refit(...)` with or without the probe
            (("refit(rt.policy, rt.engine", "(lambda *args: {})(rt.policy, rt.engine"),),
-           ("tests/integration/test_grpo_loop_refit.py",)),
+           ("tests/integration/test_grpo_loop_refit.py::"
+            "test_in_this_process_the_engine_scores_like_the_trainer_after_each_refit",
+            "tests/integration/test_grpo_loop_refit.py::test_engine_scores_like_the_trainer_on_every_step")),
     Mutant("grads_zeroed_before_step", "gradients are zeroed between backward and the optimizer step: nothing moves",
            "posttrain/models/policy/hf_policy_worker.py",
            (("self.optimizer.step()", "self.optimizer.zero_grad(set_to_none=False); self.optimizer.step()"),),
