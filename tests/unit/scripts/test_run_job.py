@@ -2,9 +2,11 @@
 the job's status once the job has stopped: a signal to the script never leaves the job running alone.
 
 The script is real bash sourcing common.sh; its job is a stand-in for an entry point that stops on
-a signal as ``posttrain.utils.interrupts`` makes the real ones stop (one line, exit 128 + the
-signal's number). The same through ``uv run`` with a real GRPO job:
-tests/integration/test_interrupts.py."""
+a signal as ``posttrain.utils.interrupts`` makes the real ones stop: at the end of the step in
+flight (0.3 s here), with one line, exit 128 + the signal's number. (A job that exits the instant
+a Ctrl-C reaches it and bash together can lose its status: bash 5.2's ``wait``, interrupted by the
+trapped SIGINT, then reports -1 and the script exits 255, in 9 of 30 tries.) The same through
+``uv run`` with a real GRPO job: tests/integration/test_interrupts.py."""
 
 from __future__ import annotations
 
@@ -21,16 +23,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 
 JOB = """\
-import os, signal, sys, time
+import signal, sys, time
 
-def stop(signum, frame):
-    print(f"stopped by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
-    os._exit(128 + signum)
-
+requested = []
 for signum in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(signum, stop)
+    signal.signal(signum, lambda signum, frame: requested.append(signum))
 print("job ready", flush=True)
-time.sleep(60)  # a job nobody stopped ends by itself; the test kills it before
+deadline = time.monotonic() + 60  # a job nobody stopped ends by itself; the test kills it before
+while not requested and time.monotonic() < deadline:
+    time.sleep(0.01)  # a step
+time.sleep(0.3)  # the step in flight finishes (a copy of the signal meanwhile is the same request)
+name = signal.Signals(requested[0]).name if requested else "nothing"
+print(f"stopped by {name}", file=sys.stderr, flush=True)
+sys.exit(128 + requested[0] if requested else 0)
 """
 
 
