@@ -190,7 +190,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/algorithms/grpo.py",
            # a call to a no-op that returns no probe metrics: fits `refit(...)` with or without the probe
            (("refit(rt.policy, rt.engine", "(lambda *args: {})(rt.policy, rt.engine"),),
-           ("tests/integration/test_grpo_loop_refit.py",)),
+           ("tests/integration/test_grpo_loop_refit.py::"
+            "test_in_this_process_the_engine_scores_like_the_trainer_after_each_refit",
+            "tests/integration/test_grpo_loop_refit.py::test_engine_scores_like_the_trainer_on_every_step")),
     Mutant("grads_zeroed_before_step", "gradients are zeroed between backward and the optimizer step: nothing moves",
            "posttrain/models/policy/hf_policy_worker.py",
            (("self.optimizer.step()", "self.optimizer.zero_grad(set_to_none=False); self.optimizer.step()"),),
@@ -477,8 +479,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "script (or to uv run) kills the script and leaves the job training on, unstopped",
            "tests/functional/common.sh",
            (('  (trap - INT; exec python "$@") &\n  pid=$!\n', '  python "$@" & pid=$!; wait $pid\n'),),
-           ("tests/integration/test_interrupts.py::test_a_functional_scripts_job_under_uv_run_stops_cleanly_and_the_"
-            "script_exits_with_it",), klass="resume"),
+           ("tests/unit/scripts/test_run_job.py::test_a_signal_to_the_script_stops_its_job_and_the_script_exits_with_"
+            "the_jobs_status",
+            "tests/integration/test_interrupts.py::test_a_functional_scripts_job_under_uv_run_stops_cleanly_and_the_"
+            "script_exits_with_it"), klass="resume"),
     # --- issue 13: LoRA adapters that train, but not the model the engine or the user gets ------
     Mutant("lora_refit_without_adapters", "refit sends the base weights: the engine never serves what LoRA learned",
            LORA_LAYER, (("value = tensor + deltas[name] if name in deltas else tensor", "value = tensor"),),
@@ -523,7 +527,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "engine) sees every GPU of the node and runs on GPU 0, not on the policy's GPU",
            "posttrain/distributed/worker_group.py",
            (("                **({} if reserve else _shared_bundle_env(cluster, i)),\n", ""),),
-           ("tests/unit/distributed/test_shared_bundle_devices.py",), klass="config"),
+           ("tests/unit/distributed/test_shared_bundle_devices.py::"
+            "test_a_worker_that_reserves_nothing_is_given_its_bundles_gpus",
+            "tests/unit/distributed/test_shared_bundle_devices.py"), klass="config"),
     Mutant("data_parallel_ranks_share_a_gpu", "policy.data_parallel_size=2 (or TP=2) on half a GPU each is accepted: "
            "Ray packs both ranks onto one device, where NCCL refuses the second",
            "posttrain/models/policy/lm_policy.py",
@@ -898,8 +904,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "machine their clusters race on ~/.ray/auth_token and a worker that lost fails every later cluster start",
            "posttrain/testing/harness/plugin.py",
            (("        parallel.share_ray_auth_token()  # workers", "        None  # workers"),),
-           ("tests/unit/testing/harness/test_harness_parallel.py::"
-            "test_a_workers_cluster_starts_after_another_worker_rewrote_the_ray_token_file",), klass="harness"),
+           ("tests/unit/testing/harness/test_harness_parallel.py::test_every_worker_starts_with_the_controllers_ray_token",
+            "tests/unit/testing/harness/test_harness_parallel.py::"
+            "test_a_workers_cluster_starts_after_another_worker_rewrote_the_ray_token_file"), klass="harness"),
     Mutant("run_unit_keeps_dontwritebytecode", "run_unit.sh keeps a PYTHONDONTWRITEBYTECODE=1 of the machine: every "
            "xdist worker, Ray actor and pytester run compiles the same sources again (16 cores: 182 s, not 115 s)",
            "tests/run_unit.sh",
@@ -1366,7 +1373,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "posttrain/algorithms/runtime.py",
            (("engine_nodes = gen.node_ids() if gen is not None else []",
              "engine_nodes = policy_nodes[:1] * gen.num_engines if gen is not None else []"),),
-           (f"{MULTINODE}::test_grpo_with_the_engine_on_another_node_refits_across_nodes_exactly",),
+           ("tests/unit/algorithms/test_runtime.py::"
+            "test_the_runtime_line_and_placement_metrics_name_the_node_the_engine_reports",
+            f"{MULTINODE}::test_grpo_with_the_engine_on_another_node_refits_across_nodes_exactly"),
            klass="placement"),
     Mutant("lost_node_not_named", "a worker that died with its node is reported without the node: the user "
            "cannot tell a lost machine from a crashed process", "posttrain/distributed/worker_group.py",

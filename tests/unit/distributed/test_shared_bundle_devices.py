@@ -3,8 +3,10 @@ GPU, the one the reserving worker (the policy) runs on: Ray names GPUs only to w
 reserve them (Ray 2.60 leaves the variable unset for a worker that reserves none), so without
 ``RayVirtualCluster.visible_devices`` such a worker sees every GPU and takes GPU 0 whatever the
 bundle holds (seen with logical GPUs: the guest got no ``CUDA_VISIBLE_DEVICES`` while the owner
-got "1"). Each check runs ``shared_bundle_devices.py`` in a Ray instance of its own: with two
-logical GPUs on any machine, and with the real ones where two are present (passed on 2 x H200)."""
+got "1"). Each check of the GPUs Ray assigns runs ``shared_bundle_devices.py`` in a Ray instance of its
+own: with two logical GPUs on any machine, and with the real ones where two are present (passed on
+2 x H200). The first test, on the session's cluster, takes the bundle's GPUs as the cluster was told
+them and checks what reaches the worker."""
 
 from __future__ import annotations
 
@@ -15,7 +17,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import ray
 import torch
+
+from posttrain.distributed.ray_cluster import RayVirtualCluster
+from posttrain.distributed.worker_group import RayWorkerGroup
 
 SCRIPT = Path(__file__).with_name("shared_bundle_devices.py")
 
@@ -25,6 +31,28 @@ def devices_seen(*flags: str) -> dict:
     out = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True, timeout=240,
                          env=env, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+@ray.remote
+class Visible:
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def devices(self) -> str | None:
+        return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_a_worker_that_reserves_nothing_is_given_its_bundles_gpus(ray_cluster) -> None:
+    """The session's cluster has no GPU: the bundle's GPU ids are set as ``RayVirtualCluster`` reads
+    them from Ray on a machine with GPUs, where the bundle got GPU 1 (the case GPU 0 would be wrong)."""
+    cluster = RayVirtualCluster(1, num_cpus=0.5)
+    cluster.gpu_ids = ["1"]
+    guest = RayWorkerGroup(cluster, Visible, reserve=False)
+    try:
+        assert guest.run_all("devices") == ["1"]
+    finally:
+        guest.shutdown()
+        cluster.shutdown()
 
 
 @pytest.mark.slow(reason="real worker actors in Ray placement-group bundles")

@@ -307,6 +307,33 @@ def test_nothing_ran_still_exits_5(tree):
     run(tree, 2, "--fail-on-nothing-ran", "-k", "test_s", ret=5)
 
 
+def test_every_worker_starts_with_the_controllers_ray_token(bare, monkeypatch):
+    """What keeps the workers' clusters off ``~/.ray/auth_token`` (the race of the next test): each
+    worker's environment holds the one token the controller made."""
+    for name in RAY_AUTH_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    # the controller sets RAY_AUTH_TOKEN here, in this process: set and deleted through monkeypatch,
+    # so that its undo removes whatever the controller set
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "")
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # only xdist's and the harness's plugins: a fast start
+    body = ("import os\n\n\ndef test_{i}(tracker):\n"
+            "    tracker.track('worker', os.environ['PYTEST_XDIST_WORKER'])\n"
+            "    tracker.track('token', os.environ.get('RAY_AUTH_TOKEN'))\n")
+    bare.makepyfile(test_a=body.format(i=0), test_b=body.format(i=1))
+    n = ["-n", "2"]
+    result = bare.runpytest_inprocess("-p", "no:cacheprovider", "-p", "xdist.plugin", "-p",
+                                      "posttrain.testing.harness.plugin", *n, *xdist_schedule_args(n))
+    assert result.ret == 0, result.stdout.str()
+    seen = metrics(bare).values()
+    assert {m["worker"] for m in seen} == {"gw0", "gw1"}
+    tokens = {m["token"] for m in seen}
+    assert len(tokens) == 1, tokens  # one for every worker
+    token = tokens.pop()
+    assert token is not None and re.fullmatch("[0-9a-f]{64}", token), token  # 256 random bits
+    assert os.environ.get("RAY_AUTH_TOKEN") == token  # the controller's
+
+
 @pytest.mark.slow(reason="a Ray cluster in each of two xdist workers")
 def test_a_workers_cluster_starts_after_another_worker_rewrote_the_ray_token_file(bare, monkeypatch):
     """Ray writes ``~/.ray/auth_token`` for the first local cluster of a machine and reads it again at
