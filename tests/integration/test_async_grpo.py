@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from async_jobs import DP, GRPO_YAML, LEARNABLE, LOOP, STEPS, N, P, async_cfg
+from async_jobs import DP, GRPO_YAML, LEARNABLE, LOOP, SMALL_STEPS, STEPS, N, P, async_cfg
 from in_process import no_ray_actor
 from same_run import assert_same_steps
 from step_timing import DELAY_S, assert_async_counts_are_per_step, assert_each_step_timed_alone, at, hold_first
@@ -259,7 +259,7 @@ def test_a_resumed_async_run_in_process_samples_the_step_after_its_checkpoint_fi
     from posttrain.distributed import worker_group
 
     monkeypatch.setattr(worker_group.RayActor, "__init__", no_ray_actor)
-    base = [*in_process_base(tiny_model_path), "grpo.num_steps=2", "grpo.async.enabled=true",
+    base = [f"model.path={tiny_model_path}", *LOOP, *SMALL_STEPS, "grpo.num_steps=2", "grpo.async.enabled=true",
             "grpo.async.max_staleness=1", f"checkpoint.dir={tmp_path / 'ckpt'}"]
     whole = in_process.run(grpo, GRPO_YAML, [*base, "checkpoint.save_period=1", f"logger.log_dir={tmp_path / 'a'}"])
     resumed = in_process.run(grpo, GRPO_YAML, [*base, f"checkpoint.resume={tmp_path / 'ckpt' / 'step_1'}",

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from async_jobs import GRPO_YAML, LOOP, N, async_cfg
+from async_jobs import GRPO_YAML, LOOP, SMALL_STEPS, N, async_cfg
 from in_process import no_ray_actor
 
 from posttrain.algorithms import async_grpo, grpo
@@ -111,8 +111,8 @@ def test_a_claim_timeout_in_process_is_one_line_naming_the_key(in_process, tiny_
     monkeypatch.setattr(worker_group.RayActor, "__init__", no_ray_actor)
     try:
         with pytest.raises(BufferTimeoutError) as caught:
-            in_process.run(grpo, GRPO_YAML, [f"model.path={tiny_model_path}", *LOOP, "grpo.async.enabled=true",
-                                             "grpo.async.claim_timeout_s=0.1", "data.arithmetic.num_val=8",
+            in_process.run(grpo, GRPO_YAML, [f"model.path={tiny_model_path}", *LOOP, *SMALL_STEPS,
+                                             "grpo.async.enabled=true", "grpo.async.claim_timeout_s=0.1",
                                              f"logger.log_dir={tmp_path}"],
                            {("generation", "generate"): stall})
     finally:
