@@ -230,7 +230,7 @@ def test_the_async_loop_trains_with_the_configured_importance_weight_cap(k1_in_p
     """Every update of the k = 1 run got a loss truncating the importance weight at exactly
     ``grpo.async.importance_weight_cap`` (5): on two tokens whose trainer / behaviour probability
     ratios are 4 and 8, the weights are min(4, 5) = 4 and min(8, 5) = 5, mean 4.5 (a cap clamped to
-    2 would give 2, no cap 6)."""
+    2 would give 2)."""
     train_calls = k1_in_process.calls("policy", "train")
     assert len(train_calls) == 3  # one update per step
     gaps = torch.tensor([[math.log(4.0), math.log(8.0)]])
