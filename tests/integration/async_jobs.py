@@ -18,6 +18,12 @@ LOOP = ["generation.backend=hf", "cluster.cpus_per_worker=0.5", "grpo.val_period
 LEARNABLE = ["data.arithmetic.operand_digits=1", "generation.max_new_tokens=1", "grpo.completions_per_prompt=8",
              "grpo.kl_coef=0.1"]
 
+# The smallest steps (2 prompts x 2 one-token completions, one validation problem, no weight-sync
+# probe: most of such a step's time): for in-process tests of which step a sampling call is for, or
+# of a claim that never gets one, not of learning or of refit.
+SMALL_STEPS = ["grpo.num_prompts_per_step=2", "grpo.completions_per_prompt=2", "generation.max_new_tokens=1",
+               "data.arithmetic.num_val=1", "generation.refit_probe.num_sequences=0"]
+
 
 def async_cfg(model_path: str, *overrides: str) -> grpo.GRPOMasterConfig:
     return load_config(GRPO_YAML, [f"model.path={model_path}", f"grpo.num_steps={STEPS}",

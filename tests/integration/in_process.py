@@ -286,6 +286,11 @@ class InProcess:
                    started, ended, threading.get_ident())
 
 
+def no_ray_actor(*args: Any, **kwargs: Any) -> None:
+    """Patched over ``worker_group.RayActor.__init__`` by a test that must start no Ray actor."""
+    raise AssertionError("a Ray actor was started under the in-process transport")
+
+
 @contextlib.contextmanager
 def _logging_times(logged_at: dict[int, float]) -> Iterator[None]:
     """Inside the block, every ``MetricsLogger.log`` call notes when it began, by step (the logger

@@ -11,7 +11,9 @@ half way and leave it looking consistent). Counts are compared as ``Counter`` of
 a sample trained twice and another never trained has the same set size as a correct run.
 
 The loop tests run ``grpo.train`` itself: k = 0 must reproduce the synchronous loop's
-samples, and a resumed run's first step is sampled by the restored weights. The keys and the
+samples, and a resumed run's first step is sampled by the restored weights; in process (the
+``in_process`` transport: no Ray actor), the same loop at k = 0 and k = 1, the importance-weight
+cap the k = 1 run's loss truncates at, and a resumed run's first step. The keys and the
 failures (buffer size, staleness, weight cap, claim timeout, a failing producer) are in
 ``test_async_grpo_keys_and_errors.py``.
 """
@@ -19,12 +21,15 @@ failures (buffer size, staleness, weight cap, claim timeout, a failing producer)
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from async_jobs import DP, GRPO_YAML, LEARNABLE, LOOP, STEPS, N, P, async_cfg
+import torch
+from async_jobs import DP, GRPO_YAML, LEARNABLE, LOOP, SMALL_STEPS, STEPS, N, P, async_cfg
+from in_process import no_ray_actor
 from same_run import assert_same_steps
 from step_timing import DELAY_S, assert_async_counts_are_per_step, assert_each_step_timed_alone, at, hold_first
 
@@ -157,18 +162,18 @@ def test_a_resumed_async_run_samples_its_first_step_with_the_restored_weights(k0
     assert all(logged["train/loss"][s] == k0["train/loss"][s] for s in ("1", "2"))
 
 
-def no_ray_actor(*args, **kwargs):
-    raise AssertionError("a Ray actor was started under the in-process transport")
-
-
 def in_process_base(model_path: str) -> list[str]:
     return [f"model.path={model_path}", *LOOP, *LEARNABLE, "grpo.num_prompts_per_step=4", "data.arithmetic.num_val=8"]
 
 
+CAP = 5.0  # the k = 1 run's grpo.async.importance_weight_cap: above 2, so a cap clamped to 2 shows
+
+
 @pytest.fixture(scope="module")
 def k1_in_process(tiny_model_path, tmp_path_factory):
-    """The learnable job in process, asynchronous at k = 1, its first sampling call (the producer's)
-    and first train call each held ``DELAY_S`` (``step_timing.py``); no Ray actor may start."""
+    """The learnable job in process, asynchronous at k = 1 with an importance-weight cap of ``CAP``, its
+    first sampling call (the producer's) and first train call each held ``DELAY_S``
+    (``step_timing.py``); no Ray actor may start."""
     from in_process import InProcess
 
     from posttrain.distributed import worker_group
@@ -178,6 +183,7 @@ def k1_in_process(tiny_model_path, tmp_path_factory):
         mp.setattr(worker_group.RayActor, "__init__", no_ray_actor)
         return InProcess().run(grpo, GRPO_YAML, [*in_process_base(tiny_model_path), "grpo.async.enabled=true",
                                                  "grpo.async.max_staleness=1",
+                                                 f"grpo.async.importance_weight_cap={CAP}",
                                                  f"logger.log_dir={tmp_path_factory.mktemp('k1')}"],
                                {("generation", "generate"): sampling, ("policy", "train"): hold_first()})
 
@@ -218,3 +224,48 @@ def test_async_timings_and_counts_measure_each_step_alone(k1_in_process) -> None
     assert_each_step_timed_alone(k1_in_process, "async")
     assert_async_counts_are_per_step(k1_in_process)
     assert at(k1_in_process, "timing/train", 1) >= DELAY_S  # the held update counts in its own step
+
+
+def test_the_async_loop_trains_with_the_configured_importance_weight_cap(k1_in_process) -> None:
+    """Every update of the k = 1 run got a loss truncating the importance weight at exactly
+    ``grpo.async.importance_weight_cap`` (5): on two tokens whose trainer / behaviour probability
+    ratios are 4 and 8, the weights are min(4, 5) = 4 and min(8, 5) = 5, mean 4.5 (a cap clamped to
+    2 would give 2)."""
+    train_calls = k1_in_process.calls("policy", "train")
+    assert len(train_calls) == 3  # one update per step
+    gaps = torch.tensor([[math.log(4.0), math.log(8.0)]])
+    data = {"completion_mask": torch.ones(1, 2), "advantages": torch.ones(1), "old_logprobs": gaps,
+            "behaviour_logprobs": torch.zeros(1, 2), "ref_logprobs": gaps}
+    expected = (min(4.0, CAP) + min(8.0, CAP)) / 2
+    for call in train_calls:
+        loss_fn = call.args[2]  # what the policy worker trained with (a copy, as Ray would hand it over)
+        assert loss_fn(gaps, data, 2.0)[1]["importance_weight"] == pytest.approx(expected, rel=1e-6)
+    assert set(k1_in_process.metrics["train/importance_weight"]) == {"1", "2", "3"}  # the weight is logged
+
+
+def sampled_prompts(run) -> list[tuple]:
+    """The prompts (and sampling seed) of each sampling call of ``run``, in call order; validation's
+    greedy calls left out."""
+    calls = [(c.args[0], c.kwargs["params"]) for c in run.calls("generation", "generate")]
+    return [(prompts, params.seed) for prompts, params in calls if not params.greedy]
+
+
+def test_a_resumed_async_run_in_process_samples_the_step_after_its_checkpoint_first(in_process, tiny_model_path,
+                                                                                   tmp_path, monkeypatch) -> None:
+    """Resumed from step 1's checkpoint, the producer's first batch is step 2's (its prompts and
+    sampling seed, as the uninterrupted run sampled them), drawn by the restored weights
+    (staleness 0), not step 1's again; the Ray run of this is
+    ``test_a_resumed_async_run_samples_its_first_step_with_the_restored_weights``."""
+    from posttrain.distributed import worker_group
+
+    monkeypatch.setattr(worker_group.RayActor, "__init__", no_ray_actor)
+    base = [f"model.path={tiny_model_path}", *LOOP, *SMALL_STEPS, "grpo.num_steps=2", "grpo.async.enabled=true",
+            "grpo.async.max_staleness=1", f"checkpoint.dir={tmp_path / 'ckpt'}"]
+    whole = in_process.run(grpo, GRPO_YAML, [*base, "checkpoint.save_period=1", f"logger.log_dir={tmp_path / 'a'}"])
+    resumed = in_process.run(grpo, GRPO_YAML, [*base, f"checkpoint.resume={tmp_path / 'ckpt' / 'step_1'}",
+                                               f"logger.log_dir={tmp_path / 'b'}"])
+    first, second = sampled_prompts(whole)
+    assert first[0] != second[0]  # the two steps' prompts differ: the comparison below can tell them apart
+    assert [seed for _, seed in sampled_prompts(resumed)] == [second[1]], "the resumed producer's first step"
+    assert sampled_prompts(resumed) == [second]
+    assert resumed.metrics["async/staleness_max"] == {"2": 0.0}

@@ -1,7 +1,8 @@
 """Asynchronous GRPO's keys reach the loop, and its failures reach the trainer as one line: the
 buffer size, ``max_staleness`` and the importance-weight cap in a real run; the claim timeout
-against a stalled producer; a producer whose engine raises. Real Ray actors (split from
-``test_async_grpo.py`` so that parallel workers can take the two files apart)."""
+against a stalled producer (with real Ray actors, and in process); a producer whose engine raises.
+Real Ray actors but for the in-process claim timeout (split from ``test_async_grpo.py`` so that
+parallel workers can take the two files apart)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import math
 
 import pytest
 import torch
-from async_jobs import N, async_cfg
+from async_jobs import GRPO_YAML, LOOP, SMALL_STEPS, N, async_cfg
+from in_process import no_ray_actor
 
 from posttrain.algorithms import async_grpo, grpo
 from posttrain.algorithms.async_actors import RolloutBufferClient, RolloutProducerClient
@@ -83,6 +85,41 @@ def test_a_claim_timeout_is_one_line_naming_the_key(ray_cluster, tiny_model_path
     message = str(caught.value)
     assert "\n" not in message and message.startswith(
         "no rollouts for this step within grpo.async.claim_timeout_s=0.5 s"), message
+
+
+STALL_S = 5.0  # how long the in-process engine below holds a sampling call before it raises
+
+
+def test_a_claim_timeout_in_process_is_one_line_naming_the_key(in_process, tiny_model_path, tmp_path,
+                                                                 monkeypatch) -> None:
+    """The in-process form of ``test_a_claim_timeout_is_one_line_naming_the_key`` (no Ray actor starts):
+    the producer's sampling calls are held until the test ends (or ``STALL_S``, then they raise), so no
+    step's rollouts arrive and the configured 0.1 s ends the claim in one line naming the key. Were the
+    key ignored (the 600 s default), the held call's error would reach the trainer after ``STALL_S``."""
+    import threading
+
+    from posttrain.distributed import worker_group
+
+    released = threading.Event()
+
+    def stall(call, result):
+        if not call.kwargs["params"].greedy:  # the producer's sampling; validation's greedy calls pass
+            released.wait(STALL_S)
+            raise RuntimeError("the stalled engine woke up: the claim did not time out")
+        return result
+
+    monkeypatch.setattr(worker_group.RayActor, "__init__", no_ray_actor)
+    try:
+        with pytest.raises(BufferTimeoutError) as caught:
+            in_process.run(grpo, GRPO_YAML, [f"model.path={tiny_model_path}", *LOOP, *SMALL_STEPS,
+                                             "grpo.async.enabled=true", "grpo.async.claim_timeout_s=0.1",
+                                             f"logger.log_dir={tmp_path}"],
+                           {("generation", "generate"): stall})
+    finally:
+        released.set()  # the producer's thread ends (its error goes nowhere: the run is over)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(
+        "no rollouts for this step within grpo.async.claim_timeout_s=0.1 s"), message
 
 
 @pytest.mark.slow(reason="a real async GRPO run on Ray (producer actor, buffer)")
