@@ -9,6 +9,11 @@ exactly what an uninterrupted run logged.
 
 The drivers run as subprocesses (the real entry point, ``cluster.address=...``): this process keeps
 the session's own Ray, and one process can join one cluster only.
+
+Set-up is shared, each test's state still its own: one two-node cluster for the module (a lost node
+gets a cluster of its own); one whole run of the faults' job (``reference_run``), both the reference
+the resumed runs must equal and the cross-node refit test's run, started in the background as the
+module starts (``start_the_reference_early``) and awaited by every test that needs the cluster's CPUs.
 """
 
 from __future__ import annotations
