@@ -156,8 +156,12 @@ class Reference:
                                           env=cluster.client_env(), cwd=ROOT, stdout=out, stderr=err, text=True)
 
     def result(self) -> Run:
-        """The finished run. Raises: AssertionError (its output's end) when it exited non-zero;
-        subprocess.TimeoutExpired when it outlived its 300 s (it is killed)."""
+        """The finished run (waited for once).
+
+        Raises:
+            AssertionError: it exited non-zero (the message: its output's end).
+            subprocess.TimeoutExpired: it outlived its 300 s (it is killed).
+        """
         if self._run is not None:
             return self._run
         try:
@@ -187,10 +191,11 @@ def reference_run(two_nodes, tiny_model_path, tmp_path_factory) -> Iterator[Refe
 
 @pytest.fixture(scope="module", autouse=True)
 def start_the_reference_early(request) -> None:
-    """Start ``reference_run`` as the module starts when a selected test of it reads the run: its ~20 s
-    of one core then pass beside the tests that list the nodes, refuse a layout or stop a cluster of
-    their own, which read the nodes' total resources, and a running job changes none of them. The
-    tests that need the cluster's CPUs wait for it (``uninterrupted``)."""
+    """Start ``reference_run`` as the module starts when a selected test of it reads the run, so that its
+    ~20 s of one core pass beside the tests that need no free CPU of the cluster: listing the nodes and
+    refusing a layout read the nodes' total resources, which a running job does not change, and the
+    stop test has a cluster of its own. The tests that need the cluster's CPUs wait for the run
+    (``uninterrupted``); the lost node's run has a cluster of its own and waits only to resume."""
     ours = [item for item in request.session.items if getattr(item, "module", None) is request.module]
     if any("reference_run" in item.fixturenames for item in ours):
         request.getfixturevalue("reference_run")
