@@ -28,7 +28,9 @@ gradients averaged instead of summed halve the grad norm, a loss over each rank'
 doubles it, rank 0's metrics alone halve the loss, the ranks' ratio extremes summed read 2, an idle
 micro-batch's placeholder read as data makes the ratio minimum 0, old logprobs stacked in rank
 order move the agreement, an overflowed step applied turns the weights NaN (mutants
-``data_parallel_*``, ``inf_gradient_step_taken``, all caught).
+``data_parallel_*``, ``inf_gradient_step_taken``, all caught; the quick tier catches them cheaper
+with one pair of rank actors, ``tests/unit/models/policy/test_lm_policy_data_parallel.py``, and a
+worker in process, ``test_hf_policy_worker.py``).
 
 The step's norm and the decisions taken from it (skip, clip) are the whole gradient's by
 construction: ``clip_grad_norm_`` over FSDP2's sharded gradients returns a replicated DTensor (torch
@@ -56,12 +58,14 @@ FAULT_WEIGHTS_REL = 1e-4
 
 @pytest.mark.parametrize("layout", ["two optimizer steps", "idle micro-batches"])
 @pytest.mark.slow(reason="two data-parallel rank actors on Ray against one worker")
-def test_two_data_parallel_ranks_take_the_single_workers_step(ray_cluster, tiny_model_path, tmp_path: Path,
-                                                              layout: str) -> None:
+def test_two_data_parallel_ranks_take_the_single_workers_step(ray_cluster, tiny_model_path, dp_recording,
+                                                              tmp_path: Path, layout: str) -> None:
     """Every train/* metric of the step (the ranks' reductions: sums, minima, maxima) and the
     weights after it are the single worker's."""
     shape, batches = LAYOUTS[layout]
-    rollouts = record_varied_rollouts(tmp_path / "rec", [f"model.path={tiny_model_path}", *JOB, *shape])
+    # a layout that keeps the job's shape replays the session's recording of it (the same bytes)
+    rollouts = (record_varied_rollouts(tmp_path / "rec", [f"model.path={tiny_model_path}", *JOB, *shape]) if shape
+                else dp_recording)
     one, w_one = replay(tiny_model_path, rollouts, tmp_path / "dp1", "grpo.num_steps=1", *shape, *batches)
     two, w_two = replay(tiny_model_path, rollouts, tmp_path / "dp2", "grpo.num_steps=1", *shape, *batches,
                         "policy.data_parallel_size=2")
