@@ -33,6 +33,7 @@ rank's own shard sends no whole tensor; a resume that starts AdamW afresh takes 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,40 +94,45 @@ class Step:
     w_two: dict[str, torch.Tensor]
 
 
-@pytest.fixture(scope="module")
-def two_ranks(ray_cluster, tiny_model_path):
-    """A ``Policy`` of two data-parallel HF workers (Ray actors, half a CPU each), for the module.
-    Tests take it with ``step``: after the module's first call. (A checkpoint written before any
-    optimizer step has run makes torch's ``get_state_dict`` create AdamW's state with a zero-gradient
-    step, so the first call would take a smaller step than the single worker's.)"""
-    cluster = RayVirtualCluster(2, num_cpus=0.5)
-    policy = None
-    try:
-        policy = Policy(cluster, tiny_model_path, cfg(2), seed=0, bundle_indices=[0, 1])
-        policy.wait_ready()
-        yield policy
-    finally:
-        if policy is not None:
-            policy.shutdown()
-        cluster.shutdown()
+@dataclass
+class Pair:
+    """The module's data-parallel policy, its single-worker counterpart, and their first call."""
+
+    two_ranks: Policy
+    single: HfPolicyWorkerImpl
+    step: Step
 
 
-@pytest.fixture(scope="module")
-def single(tiny_model_path) -> HfPolicyWorkerImpl:
-    """One worker of the same config, in process."""
-    return HfPolicyWorkerImpl(tiny_model_path, cfg(1), seed=0)
-
-
-@pytest.fixture(scope="module")
-def step(two_ranks, single, tmp_path_factory) -> Step:
-    """The module's first call of both, on the same rows (the others start wherever it left them)."""
+def first_step(two_ranks: Policy, single: HfPolicyWorkerImpl, out: Path) -> Step:
+    """The first call of both on the same rows (the tests start wherever it left them)."""
     batch, extra = grpo_inputs(single, seed=0)
     initial = single.get_weights()
     one = single.train(batch, extra, LOSS)
     result = two_ranks.train(batch, extra, LOSS)
     assert single.old_logprobs is not None
     return Step(initial, one, result.metrics, single.old_logprobs, result.old_logprobs, single.get_weights(),
-                saved_weights(two_ranks, tmp_path_factory.mktemp("dp") / "step_1"))
+                saved_weights(two_ranks, out))
+
+
+@pytest.fixture(scope="module")
+def pair(ray_cluster, tiny_model_path, tmp_path_factory) -> Iterator[Pair]:
+    """A ``Policy`` of two data-parallel HF workers (Ray actors, half a CPU each) and one worker of
+    the same config in process, after their first call, for the module. One fixture, not three:
+    the harness waits 2 s after each wider-scoped fixture of a Ray test for its actors to settle.
+    The call comes first: a checkpoint written before any optimizer step has run makes torch's
+    ``get_state_dict`` create AdamW's state with a zero-gradient step, and the first call would then
+    take a smaller step than the single worker's."""
+    cluster = RayVirtualCluster(2, num_cpus=0.5)
+    policy = None
+    try:
+        policy = Policy(cluster, tiny_model_path, cfg(2), seed=0, bundle_indices=[0, 1])
+        single = HfPolicyWorkerImpl(tiny_model_path, cfg(1), seed=0)  # built while the actors start
+        policy.wait_ready()
+        yield Pair(policy, single, first_step(policy, single, tmp_path_factory.mktemp("dp") / "step_1"))
+    finally:
+        if policy is not None:
+            policy.shutdown()
+        cluster.shutdown()
 
 
 def test_the_layout_has_two_optimizer_steps_and_an_idle_micro_batch() -> None:
@@ -136,9 +142,10 @@ def test_the_layout_has_two_optimizer_steps_and_an_idle_micro_batch() -> None:
     assert rows_0 + rows_1 != list(range(ROWS))  # stacked in rank order, rows move
 
 
-def test_two_ranks_take_the_single_workers_optimizer_steps(step: Step) -> None:
+def test_two_ranks_take_the_single_workers_optimizer_steps(pair: Pair) -> None:
     """Every metric of the call (the ranks' reductions: sums, minima, maxima) and the weights after
     it are the single worker's, within the bounds."""
+    step = pair.step
     assert step.one["num_optimizer_steps"] == 2 and step.one["grad_norm"] > 0 and abs(step.one["loss"]) > 1e-3
     assert step.one["probs_ratio_min"] < 1 < step.one["probs_ratio_max"] and step.one["kl"] > 0
     assert step.two.keys() == step.one.keys(), sorted(step.two.keys() ^ step.one.keys())
@@ -151,39 +158,41 @@ def test_two_ranks_take_the_single_workers_optimizer_steps(step: Step) -> None:
     assert gap <= WEIGHTS_REL * update, gap / update
 
 
-def test_the_old_logprobs_come_back_in_the_batchs_row_order(step: Step) -> None:
+def test_the_old_logprobs_come_back_in_the_batchs_row_order(pair: Pair) -> None:
     """Each rank scores its own rows before the first update; the driver puts them back in row order."""
+    step = pair.step
     assert step.old_two is not None and step.old_two.shape == step.old_one.shape
     assert ((step.old_two - step.old_one).norm() / step.old_one.norm()).item() <= OLD_LOGPROBS_REL
 
 
-def test_a_refit_sends_the_whole_model_the_checkpoint_holds(two_ranks, step: Step, tmp_path: Path) -> None:
+def test_a_refit_sends_the_whole_model_the_checkpoint_holds(pair: Pair, tmp_path: Path) -> None:
     """The weights a refit puts in the object store (every rank gathers, rank 0 sends) are the
     whole model, equal to the checkpoint's, names and values."""
-    saved = saved_weights(two_ranks, tmp_path / "now")
-    ref, _ = two_ranks.put_weights()
+    saved = saved_weights(pair.two_ranks, tmp_path / "now")
+    ref, _ = pair.two_ranks.put_weights()
     sent = ray.get(ref)
     assert saved.keys() <= sent.keys()
     for name, tensor in saved.items():
         assert torch.equal(sent[name], tensor), name
 
 
-def test_a_resume_takes_the_uninterrupted_policys_next_step_and_refuses_another_size(
-        two_ranks, single, step: Step, tmp_path: Path) -> None:
+def test_a_resume_takes_the_uninterrupted_policys_next_step_and_refuses_another_size(pair: Pair,
+                                                                                   tmp_path: Path) -> None:
     """Checkpoint, a call, back to the checkpoint, the same call: the metrics and weights equal
     bit for bit (AdamW's moments and step count come back too). One worker refuses the checkpoint
     in one line."""
+    two_ranks, single = pair.two_ranks, pair.single
     batch, extra = grpo_inputs(single, seed=1)
     version = two_ranks.weight_version
     two_ranks.save_checkpoint(str(tmp_path / "ckpt"))
     whole = two_ranks.train(batch, extra, LOSS).metrics
-    w_whole = saved_weights(two_ranks, tmp_path / "whole")
+    w_whole = two_ranks.get_weights()
     two_ranks.load_checkpoint(str(tmp_path / "ckpt"))
     resumed = two_ranks.train(batch, extra, LOSS).metrics
     assert resumed == whole and two_ranks.weight_version == version + 1
-    w_resumed = saved_weights(two_ranks, tmp_path / "resumed")
+    w_resumed = two_ranks.get_weights()
     assert w_resumed.keys() == w_whole.keys() and all(torch.equal(w_resumed[k], w_whole[k]) for k in w_whole)
-    assert distance(w_whole, step.w_two) > 0  # the call trained
+    assert distance({k: w_whole[k] for k in pair.step.w_two}, pair.step.w_two) > 0  # the call trained
     with pytest.raises(ConfigError, match=r"was written with policy.data_parallel_size=2; this run has 1 "
                                           r"\(resume with the same size\)$"):
         single.load_checkpoint(str(tmp_path / "ckpt"))
