@@ -14,11 +14,10 @@ def in_process() -> InProcess:
     return InProcess()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dp_recording(tmp_path_factory, tiny_model_path) -> Path:
     """A 2-step recording of the data-parallel job (``data_parallel_jobs.JOB``), every group's
-    rewards rewritten to vary (``recorded_rollouts.py``); one per session (xdist worker) that asks:
-    the tests only read it, and a recording of the same overrides is the same, byte for byte."""
+    rewards rewritten to vary (``recorded_rollouts.py``); one per module that asks."""
     from data_parallel_jobs import JOB
     from recorded_rollouts import record_varied_rollouts
 

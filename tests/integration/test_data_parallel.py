@@ -58,14 +58,12 @@ FAULT_WEIGHTS_REL = 1e-4
 
 @pytest.mark.parametrize("layout", ["two optimizer steps", "idle micro-batches"])
 @pytest.mark.slow(reason="two data-parallel rank actors on Ray against one worker")
-def test_two_data_parallel_ranks_take_the_single_workers_step(ray_cluster, tiny_model_path, dp_recording,
-                                                              tmp_path: Path, layout: str) -> None:
+def test_two_data_parallel_ranks_take_the_single_workers_step(ray_cluster, tiny_model_path, tmp_path: Path,
+                                                              layout: str) -> None:
     """Every train/* metric of the step (the ranks' reductions: sums, minima, maxima) and the
     weights after it are the single worker's."""
     shape, batches = LAYOUTS[layout]
-    # a layout that keeps the job's shape replays the session's recording of it (the same bytes)
-    rollouts = (record_varied_rollouts(tmp_path / "rec", [f"model.path={tiny_model_path}", *JOB, *shape]) if shape
-                else dp_recording)
+    rollouts = record_varied_rollouts(tmp_path / "rec", [f"model.path={tiny_model_path}", *JOB, *shape])
     one, w_one = replay(tiny_model_path, rollouts, tmp_path / "dp1", "grpo.num_steps=1", *shape, *batches)
     two, w_two = replay(tiny_model_path, rollouts, tmp_path / "dp2", "grpo.num_steps=1", *shape, *batches,
                         "policy.data_parallel_size=2")
