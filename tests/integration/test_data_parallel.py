@@ -28,7 +28,9 @@ gradients averaged instead of summed halve the grad norm, a loss over each rank'
 doubles it, rank 0's metrics alone halve the loss, the ranks' ratio extremes summed read 2, an idle
 micro-batch's placeholder read as data makes the ratio minimum 0, old logprobs stacked in rank
 order move the agreement, an overflowed step applied turns the weights NaN (mutants
-``data_parallel_*``, ``inf_gradient_step_taken``, all caught).
+``data_parallel_*``, ``inf_gradient_step_taken``, all caught; the quick tier catches them cheaper
+with one pair of rank actors, ``tests/unit/models/policy/test_lm_policy_data_parallel.py``, and a
+worker in process, ``test_hf_policy_worker.py``).
 
 The step's norm and the decisions taken from it (skip, clip) are the whole gradient's by
 construction: ``clip_grad_norm_`` over FSDP2's sharded gradients returns a replicated DTensor (torch

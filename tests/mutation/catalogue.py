@@ -39,6 +39,12 @@ ADVANTAGES = "tests/unit/algorithms/test_advantages.py"
 LORA = "tests/unit/models/policy/test_lora.py"
 LORA_LAYER = "posttrain/models/policy/lora.py"
 HF_WORKER = "posttrain/models/policy/hf_policy_worker.py"
+HF_WORKER_TESTS = "tests/unit/models/policy/test_hf_policy_worker.py"
+DP_POLICY = "tests/unit/models/policy/test_lm_policy_data_parallel.py"
+DP_POLICY_STEP = f"{DP_POLICY}::test_two_ranks_take_the_single_workers_optimizer_steps"
+DP_POLICY_ROW_ORDER = f"{DP_POLICY}::test_the_old_logprobs_come_back_in_the_batchs_row_order"
+DP_POLICY_REFIT = f"{DP_POLICY}::test_a_refit_sends_the_whole_model_the_checkpoint_holds"
+DP_POLICY_RESUME = f"{DP_POLICY}::test_a_resume_takes_the_uninterrupted_policys_next_step_and_refuses_another_size"
 ASYNC = "tests/integration/test_async_grpo.py"
 ASYNC_KEYS = "tests/integration/test_async_grpo_keys_and_errors.py"
 DATA_PARALLEL = "tests/integration/test_data_parallel"  # .py, _resume.py, _refit.py
@@ -598,28 +604,30 @@ MUTANTS: tuple[Mutant, ...] = (
            "each rank's loss is already its share of the global token mean, so the step is half the size",
            "posttrain/models/policy/hf_policy_worker.py",
            (("self.gradient_scale = float(self.data_parallel_size)", "self.gradient_scale = 1.0"),),
-           (f"{DATA_PARALLEL}.py::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="training"),
+           (DP_POLICY_STEP, DP_STEP), klass="training"),
     Mutant("data_parallel_metrics_of_rank_0", "a data-parallel step reports rank 0's share of the metrics as the "
            "global batch's", "posttrain/models/policy/base_policy_worker.py",
            (("steps.append(self._reduce_over_ranks(step_metrics) if sharded else step_metrics)",
              "steps.append(step_metrics)"),),
-           (f"{DATA_PARALLEL}.py::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="metrics"),
+           (DP_POLICY_STEP, DP_STEP), klass="metrics"),
     Mutant("data_parallel_loss_over_local_tokens", "each data-parallel rank normalises its loss by its own token "
            "count, not the global batch's", "posttrain/models/policy/base_policy_worker.py",
            (('max(self._across_ranks([batch.completion_mask[g_start:g_end].sum().item()], "sum")[0], 1.0)',
              "max(batch.completion_mask[g_start:g_end].sum().item(), 1.0)"),),
-           (f"{DATA_PARALLEL}.py::test_two_data_parallel_ranks_take_the_single_workers_step",), klass="training"),
+           (DP_POLICY_STEP, DP_STEP), klass="training"),
     Mutant("data_parallel_refit_sends_the_local_shard", "a data-parallel refit sends each rank's own shard of "
            "the weights, not the gathered model", "posttrain/models/policy/hf_policy_worker.py",
            (("        if self.data_parallel_size > 1:\n            return self._full_state()[0]\n", ""),),
-           (f"{DATA_PARALLEL}_refit.py::test_the_engine_serves_the_data_parallel_policys_weights_after_every_refit",),
+           (DP_POLICY_REFIT,
+            f"{DATA_PARALLEL}_refit.py::test_the_engine_serves_the_data_parallel_policys_weights_after_every_refit"),
            klass="stale-engine"),
     Mutant("data_parallel_resume_without_optimizer", "a data-parallel resume restores the weights but starts "
            "AdamW's moments afresh", "posttrain/models/policy/hf_policy_worker.py",
            (('optim_state_dict=state["optimizer_by_name"],',
              'optim_state_dict=__import__("torch.distributed.checkpoint.state_dict", fromlist=["_"])'
              '.get_optimizer_state_dict(self.model, self.optimizer),'),),
-           (f"{DATA_PARALLEL}_resume.py::test_a_data_parallel_run_resumes_exactly_and_refuses_another_size",),
+           (DP_POLICY_RESUME,
+            f"{DATA_PARALLEL}_resume.py::test_a_data_parallel_run_resumes_exactly_and_refuses_another_size"),
            klass="resume"),
     Mutant("data_parallel_old_logprobs_in_rank_order", "the ranks' old logprobs are stacked in rank order, not put "
            "back in the batch's row order: the engine/trainer agreement compares other rows",
@@ -627,8 +635,7 @@ MUTANTS: tuple[Mutant, ...] = (
            (("            for i, result in zip(index, results, strict=True):\n"
              "                old_logprobs[i] = result[3]",
              "            old_logprobs = torch.cat([r[3] for r in results])"),),
-           (f"{DATA_PARALLEL}.py::test_a_call_of_several_optimizer_steps_scores_and_returns_the_old_logprobs_in_"
-            "row_order",), klass="metrics"),
+           (DP_POLICY_ROW_ORDER, DP_FAULT), klass="metrics"),
     Mutant("claim_ignores_the_timeout_key",
            "the trainer's claim waits the 600 s default, whatever grpo.async.claim_timeout_s says",
            "posttrain/algorithms/async_grpo.py",
@@ -1522,14 +1529,17 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("data_parallel_extremes_summed", "the ranks' probability-ratio minima and maxima are summed, not "
            "reduced by min / max: a step whose ratios all read 1 reports 2",
            "posttrain/models/policy/base_policy_worker.py",
-           (('for k in keys], "max")', 'for k in keys], "sum")'),), (DP_STEP,), klass="global-from-shard"),
+           (('for k in keys], "max")', 'for k in keys], "sum")'),), (DP_POLICY_STEP, DP_STEP),
+           klass="global-from-shard"),
     Mutant("data_parallel_idle_extremes_zero", "a rank's idle micro-batch reports 0 for every metric, its extremes "
            "too: the global ratio minimum reads 0", "posttrain/models/policy/base_policy_worker.py",
-           (('math.inf if k.endswith("_min") else -math.inf if k.endswith("_max") else 0.0', "0.0"),), (DP_STEP,),
+           (('math.inf if k.endswith("_min") else -math.inf if k.endswith("_max") else 0.0', "0.0"),),
+           (DP_POLICY_STEP, DP_STEP),
            klass="global-from-shard"),
     Mutant("inf_gradient_step_taken", "only a NaN norm skips the step: an overflowed (+inf) gradient is clipped "
            "to NaN and applied", HF_WORKER, (("if math.isfinite(grad_norm):", "if not math.isnan(grad_norm):"),),
-           (DP_FAULT,), klass="nan"),
+           (f"{HF_WORKER_TESTS}::test_a_step_whose_gradient_overflowed_to_inf_is_skipped_and_the_next_one_trains",
+            DP_FAULT), klass="nan"),
     # --- a per-step metric read from a running total -----------------------------------------------
     Mutant("grpo_step_clock_started_once", "timing/step is read from a clock started once before the loop: "
            "every step reports the run so far", "posttrain/algorithms/grpo.py",
