@@ -39,7 +39,10 @@ SELECTION = REPO / "tests" / "mutation" / "quick_tier.json"
 # each test's recorded seconds: the README tier's, and its slow tests' (run_unit.sh --slow-only)
 DURATIONS = (REPO / "tests" / "durations.json", REPO / "tests" / "durations_slow.json")
 TIER = "default"  # the catalogue tier whose catches the quick tier keeps
-BUDGET_S = 90.0  # of recorded seconds on 2 idle cores (the tier's target, measured in the note)
+# Of recorded seconds on 2 idle cores. The tier's target is 90 s of pytest; a run costs ~22 s more than
+# its tests' record (module set-ups the full run charged to tests the tier does not take, and the
+# session's start: the table in tests/unit/test_quick_tier.py), so the record may hold 65.
+BUDGET_S = 65.0
 SELECT_CMD = "uv run --group test python tests/mutation/quick_tier.py select"
 RECORD_CMD = "uv run --group test python tests/mutation/run_mutants.py --record tests/mutation/catches.json"
 

@@ -78,9 +78,9 @@ def test_a_new_mutant_a_gone_one_a_stale_selection_and_a_lost_catch_are_each_one
 
 
 def test_a_selection_over_its_budget_is_one_line():
-    slow = {**{name: 31.0 for name in DURATIONS}, Z: 100.0}
+    slow = {**{name: 31.0 for name in DURATIONS}, Z: 100.0}  # the selection's three tests: 93 s
     lines = quick_tier.problems(CATCHES, committed(durations=slow), slow, MUTANTS)
-    assert lines == ["the quick tier's tests add up to 93.0 s recorded, over its 90 s budget: give the costly "
+    assert lines == ["the quick tier's tests add up to 93.0 s recorded, over its 65 s budget: give the costly "
                      "mutants a cheaper catching test"]
 
 
@@ -95,12 +95,13 @@ def test_the_committed_quick_tier_is_current_and_catches_every_default_tier_muta
 
 
 # The quick tier, AMD EPYC, 2 idle cores, Nov 28 (its 90 s is the target it was asked for, not a spread):
-# | selection                                         | tests | recorded (s) | pytest (s) |
-# |---------------------------------------------------|-------|--------------|------------|
-# | first record                                      | 172   | 252          | 281.8      |
-# | the death messages caught in process (not multinode)| 172 | 164          | 220.2      |
-@pytest.mark.xfail(strict=True, reason="the quick tier's record adds up to 164 s (3:40 of pytest on 2 idle cores): "
-                                       "the data-parallel, async, interrupt and cross-node mutants are caught only "
-                                       "by tests of 8-19 s each; cheaper catching tests are still to be written")
+# | selection                                              | tests | recorded (s) | pytest (s) | wall (s) |
+# |--------------------------------------------------------|-------|--------------|------------|----------|
+# | first record                                           | 172   | 252          | 281.8      | -        |
+# | the death messages caught in process (not multinode)   | 172   | 164          | 220.2      | -        |
+# | cheap catchers of the DP, async, run_job, node mutants | 173   | 56           | 78.0       | 85       |
+# The ~22 s between recorded and measured are module set-ups charged, in the full run, to a test the
+# quick tier does not take (test_runtime_refit's engines 11.7 s, the DP pair 7.7 s, test_refit_probe's
+# 5.8 s) and the session's start. The GPU host's Xeon pinned to 2 CPUs ran the 164 s selection in 409 s.
 def test_the_committed_quick_tier_keeps_its_budget_of_recorded_seconds():
     assert quick_tier.over_budget(committed_files()[1]) == []
